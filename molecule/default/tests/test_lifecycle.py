@@ -1,0 +1,136 @@
+"""Re-deploy, pause, resume, remove and exclusive mode, run as users run them:
+the deploy playbook against every host at once. A running batch is never killed.
+
+The "long" consumer holds its batch until the test releases it, so "still
+running" is a fact the test controls, not a race against the clock.
+"""
+
+import copy
+
+import pytest
+
+from testlib import PREFIX, deploy, finished, host_state, journal, runs, scenario_vars, show, wait_for
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def consumers(**changes):
+    """The scenario's consumer list with fields of some consumers changed."""
+    result = copy.deepcopy(scenario_vars()["consumer_list"])
+    for consumer in result:
+        consumer.update(changes.get(consumer["name"], {}))
+    return result
+
+
+def assert_deployed(process):
+    assert process.returncode == 0, process.output
+
+
+@pytest.fixture(autouse=True)
+def release_on_failure(hosts):
+    """A failed test must not leave a batch held for the next one."""
+    yield
+    for host in hosts:
+        host.run("[ \"$(systemctl show -P ActiveState batchq-long.service)\" = activating ] && touch /var/lib/batchq/long/release")
+
+
+def start_held_batch(hosts, tag):
+    for host in hosts:
+        host.check_output("rm -f /var/lib/batchq/long/release && systemctl start --no-block batchq-long.service")
+    for host in hosts:
+        wait_for(lambda: [r for r in runs(host, "long") if r["tag"] == tag and "end" not in r],
+                 30, "a running %s batch of long on %s" % (tag, host.backend.get_hostname()))
+
+
+def release_batch(hosts, tag):
+    for host in hosts:
+        host.check_output("touch /var/lib/batchq/long/release")
+    for host in hosts:
+        run = wait_for(lambda: [r for r in finished(runs(host, "long")) if r["tag"] == tag],
+                       30, "the end of the %s batch" % tag)[-1]
+        assert run["status"] == 0, journal(host, "long")
+
+
+def assert_running(hosts):
+    for host in hosts:
+        state = show(host, "batchq-long.service", "ActiveState")["ActiveState"]
+        assert state == "activating", "batch is %s%s" % (state, journal(host, "long"))
+
+
+def test_redeploy_lets_the_running_batch_finish_and_next_run_is_new(hosts):
+    start_held_batch(hosts, "v1")
+    changed = consumers(long={"command": "/usr/local/bin/batchq-probe run --hold --tag v2"})
+    assert_deployed(deploy(changed))
+    assert_running(hosts)
+    release_batch(hosts, "v1")
+    start_held_batch(hosts, "v2")
+    release_batch(hosts, "v2")
+    assert_deployed(deploy())  # back to v1 for the tests that follow
+
+
+def test_pause_keeps_units_and_the_running_batch_and_resume_restarts(hosts):
+    start_held_batch(hosts, "v1")
+    assert_deployed(deploy(consumers(long={"state": "paused"}, serial={"state": "paused"})))
+    assert_running(hosts)
+    for host in hosts:
+        assert show(host, "batchq-serial.timer", "ActiveState", "UnitFileState") == {
+            "ActiveState": "inactive", "UnitFileState": "disabled"}
+        assert host.file(UNIT_DIR + "/batchq-serial.service").exists
+        count = len(runs(host, "serial"))
+        # a batch that was running when the timer stopped may still finish
+        wait_for(lambda: show(host, "batchq-serial.service", "ActiveState")["ActiveState"] == "inactive",
+                 30, "the last serial batch to end")
+        paused_count = len(runs(host, "serial"))
+        assert paused_count - count <= 1, journal(host, "serial")
+    release_batch(hosts, "v1")
+
+    assert_deployed(deploy())
+    for host in hosts:
+        assert show(host, "batchq-serial.timer", "ActiveState", "UnitFileState") == {
+            "ActiveState": "active", "UnitFileState": "enabled"}
+        before = len(runs(host, "serial"))
+        wait_for(lambda: len(runs(host, "serial")) > before, 30, "serial to run again after resume")
+
+
+def test_absent_waits_for_the_batch_then_leaves_nothing_behind(hosts):
+    for host in hosts:
+        host.check_output("mkdir -p %s/batchq-long.service.d && echo '[Service]' > %s/batchq-long.service.d/x.conf",
+                          UNIT_DIR, UNIT_DIR)
+    start_held_batch(hosts, "v1")
+    process = deploy(consumers(long={"state": "absent"}), background=True)
+    # The role waits for the batch: the deploy cannot end while it is held.
+    with pytest.raises(AssertionError):
+        wait_for(lambda: process.poll() is not None, 20, "the deploy to end")
+    assert_running(hosts)
+    release_batch(hosts, "v1")
+    process.output = process.communicate(timeout=300)[0]
+    assert_deployed(process)
+    for host in hosts:
+        left = host.run("find /etc/systemd /run/systemd/system -name 'batchq-long*'").stdout
+        assert left == "", left
+        assert show(host, "batchq-long.service", "LoadState")["LoadState"] == "not-found"
+        assert host.file("/var/lib/batchq/long/runs.jsonl").exists  # data is kept
+
+
+def test_exclusive_removes_unlisted_consumers_only(hosts):
+    stray = {"name": "stray", "command": "/usr/local/bin/batchq-probe run", "start_delay": "1s"}
+    listed = consumers(long={"state": "absent"})
+    assert_deployed(deploy(listed + [stray]))
+    for host in hosts:
+        assert host.file(UNIT_DIR + "/batchq-stray.timer").exists
+    assert_deployed(deploy(listed, consumer_exclusive=False))
+    for host in hosts:
+        assert host.file(UNIT_DIR + "/batchq-stray.timer").exists, "removed without consumer_exclusive"
+    assert_deployed(deploy(listed, consumer_exclusive=True))
+    for host in hosts:
+        assert host.run("find /etc/systemd -name 'batchq-stray*'").stdout == ""
+        for name in ("fresh", "serial", "verbatim"):
+            assert show(host, PREFIX + name + ".timer", "UnitFileState")["UnitFileState"] == "enabled"
+
+
+def test_check_mode_reports_but_changes_nothing(hosts):
+    before = [host_state(host) for host in hosts]
+    process = deploy(consumers(long={"state": "absent"}, fresh={"interval": "2h"}), check=True)
+    assert_deployed(process)
+    assert "-OnUnitInactiveSec=1h" in process.output and "+OnUnitInactiveSec=2h" in process.output, process.output
+    assert [host_state(host) for host in hosts] == before

@@ -1,0 +1,50 @@
+"""The timer fires on a fresh host, serializes, and runs instances in parallel,
+judged from the timestamps the consumers wrote themselves."""
+
+from testlib import consumer_spec, finished, journal, runs, show, timestamp, wait_for
+
+MARGIN = 3.0  # seconds of slack for a loaded CI machine
+
+
+def test_first_run_follows_start_delay(host):
+    timer = show(host, "batchq-fresh.timer", "ActiveEnterTimestamp")
+    started = timestamp(timer["ActiveEnterTimestamp"])
+    first = wait_for(lambda: runs(host, "fresh"), 30, "the first run of fresh")[0]
+    delay = first["start"] - started
+    assert 3.0 - 0.5 <= delay <= 3.0 + 1.0 + MARGIN, "first run %.2fs after the timer started%s" % (
+        delay, journal(host, "fresh"))
+
+
+def test_runs_never_overlap_and_wait_interval(host):
+    spec = consumer_spec("serial")
+    assert (spec["interval"], spec["accuracy"]) == ("1s", "100ms")
+    done = wait_for(lambda: len(finished(runs(host, "serial"))) >= 6 and finished(runs(host, "serial")),
+                    120, "six finished runs of serial")
+    for previous, current in zip(done, done[1:]):
+        gap = current["start"] - previous["end"]
+        assert gap >= 1.0 - 0.1, "run started %.3fs after the previous ended%s" % (gap, journal(host, "serial"))
+        assert current["end"] - current["start"] >= 3.0, "a run was cut short%s" % journal(host, "serial")
+
+
+def test_instances_run_in_parallel_each_serialized(host):
+    def three_runs_each():
+        done = finished(runs(host, "parallel"))
+        return all(len([r for r in done if r["instance"] == i]) >= 3 for i in "123") and done
+
+    done = wait_for(three_runs_each, 120, "three finished runs of every instance of parallel")
+    for instance in "123":
+        own = [r for r in done if r["instance"] == instance]
+        for previous, current in zip(own, own[1:]):
+            assert current["start"] - previous["end"] >= 0.9, "instance %s overlapped itself%s" % (
+                instance, journal(host, "parallel"))
+    most_at_once = max(sum(1 for r in done if r["start"] <= t < r["end"]) for t in (r["start"] for r in done))
+    assert most_at_once == 3, "at most %d instances ran at once%s" % (most_at_once, journal(host, "parallel"))
+
+
+def test_units_name_instances_as_documented(host):
+    for instance in "123":
+        timer = show(host, "batchq-parallel@%s.timer" % instance, "ActiveState", "UnitFileState")
+        assert timer == {"ActiveState": "active", "UnitFileState": "enabled"}
+    assert host.file("/etc/systemd/system/batchq-parallel@.service").exists
+    assert not host.file("/etc/systemd/system/batchq-parallel.service").exists
+    assert host.file("/var/lib/batchq/parallel").user == "batchq"

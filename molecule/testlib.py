@@ -1,0 +1,119 @@
+"""Helpers for the scenarios' testinfra tests: real hosts, real playbook runs.
+
+Every wait is on a condition with a deadline; every failed assertion about a
+consumer carries that consumer's journal, so a red run explains itself.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import testinfra
+import yaml
+
+PREFIX = "batchq-"
+INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
+SCENARIO_DIR = pathlib.Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", "."))
+# Variables files of the playbook runs; removed when the test run ends.
+_VARS_DIR = tempfile.TemporaryDirectory(prefix="batchq-test-")
+
+
+def scenario_vars():
+    """The scenario's consumer variables, as converge deployed them."""
+    return yaml.safe_load((SCENARIO_DIR / "group_vars" / "consumers.yml").read_text())
+
+
+def consumer_spec(name):
+    return next(c for c in scenario_vars()["consumer_list"] if c["name"] == name)
+
+
+def all_hosts():
+    """Every host of the scenario, for tests that deploy to all of them at once."""
+    return testinfra.get_hosts(["ansible://all"], ansible_inventory=INVENTORY)
+
+
+def wait_for(condition, timeout, what, interval=0.5):
+    """The first truthy value of condition(), or fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("waited %ss in vain for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def journal(host, name, lines=80):
+    """The tail of a consumer's journal (all its units and instances)."""
+    out = host.run("journalctl --no-pager -o short-precise -n %s -u %s", str(lines), PREFIX + name + "*")
+    return "\n--- journal of %s on %s ---\n%s" % (name, host.backend.get_hostname(), out.stdout)
+
+
+def runs(host, name):
+    """A consumer's runs from the probe's own records, oldest first.
+
+    Each run is the start record with "end" (time) and "status" added once the
+    run recorded its end.
+    """
+    out = host.run("cat /var/lib/batchq/%s/runs.jsonl 2>/dev/null || true", name)
+    by_invocation = {}
+    for line in out.stdout.splitlines():
+        record = json.loads(line)
+        run = by_invocation.setdefault(record["invocation"], {})
+        if record["event"] == "start":
+            run.update(record, start=record["time"])
+        else:
+            run.update(end=record["time"], status=record["status"])
+    return sorted((r for r in by_invocation.values() if "start" in r), key=lambda r: r["start"])
+
+
+def finished(runs_):
+    return [r for r in runs_ if "end" in r]
+
+
+def show(host, unit, *properties):
+    """systemctl show as a dict, timestamps in UTC with microseconds."""
+    out = host.check_output("systemctl show --timestamp=us+utc --property=%s %s", ",".join(properties), unit)
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def timestamp(text):
+    """Seconds since the epoch of a systemd timestamp like 'Sun 2026-11-29 11:25:05.123456 UTC'."""
+    return datetime.strptime(text, "%a %Y-%m-%d %H:%M:%S.%f UTC").replace(tzinfo=timezone.utc).timestamp()
+
+
+def host_state(host):
+    """What a deploy may change on a host: unit files with their content,
+    symlinks, the consumer account and whether each timer is active (not its
+    sub-state, which flips while batches run)."""
+    return host.check_output(
+        "cd /etc/systemd/system && "
+        "find . -name '%s*' -printf '%%p -> %%l\\n' | sort && "
+        "find . -name '%s*' -type f -exec md5sum {} + | sort && "
+        "(getent passwd batchq || true) && "
+        "systemctl list-units --all --plain --no-legend --type=timer '%s*' | awk '{print $1, $2, $3}'",
+        PREFIX, PREFIX, PREFIX)
+
+
+def deploy(consumer_list=None, check=False, background=False, **extra):
+    """Run the deploy playbook as a user would; returns the finished process
+    (or the running one with background=True)."""
+    variables = scenario_vars()
+    if consumer_list is not None:
+        variables["consumer_list"] = consumer_list
+    variables.update(extra)
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=_VARS_DIR.name, delete=False) as handle:
+        yaml.safe_dump(variables, handle)
+    argv = ["ansible-playbook", "batchq.consumers.deploy_consumers", "-i", INVENTORY, "-e", "@" + handle.name]
+    if check:
+        argv += ["--check", "--diff"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if background:
+        return process
+    process.output = process.communicate(timeout=900)[0]
+    return process

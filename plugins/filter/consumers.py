@@ -1,0 +1,68 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters that turn the user's consumer definitions into unit settings."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
+    ConsumerSpecError,
+    normalize_consumers,
+)
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: consumers
+short_description: Validate and normalise consumer definitions
+version_added: 0.1.0
+description:
+  - Lays O(defaults) and the built-in defaults under every consumer, checks every field and
+    returns what the unit templates of the C(batchq.consumers.consumer) role need.
+  - Fails with a message that names the consumer and the field at the first bad value.
+options:
+  _input:
+    description: The consumers, as in the role's C(consumer_list).
+    type: list
+    elements: dict
+    required: true
+  defaults:
+    description: Values laid under every consumer, as in C(consumer_defaults).
+    type: dict
+    default: {}
+  prefix:
+    description: Prefix of the unit names.
+    type: str
+    default: batchq-
+"""
+
+EXAMPLES = r"""
+- name: Validate the consumers
+  ansible.builtin.set_fact:
+    normalized: "{{ consumer_list | batchq.consumers.consumers(consumer_defaults, 'batchq-') }}"
+"""
+
+RETURN = r"""
+_value:
+  description: One dict a consumer with unit names, the quoted C(ExecStart=) line and the settings.
+  type: list
+  elements: dict
+"""
+
+
+def consumers(value, defaults=None, prefix="batchq-"):
+    try:
+        return normalize_consumers(value, defaults or {}, prefix)
+    except ConsumerSpecError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def consumer_leftovers(host_paths, normalized, prefix="batchq-", exclusive=False):
+    return leftovers(host_paths, normalized, prefix, exclusive)
+
+
+class FilterModule:
+    def filters(self):
+        return {"consumers": consumers, "consumer_leftovers": consumer_leftovers}

@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the role must take away from a host: a pure function of the unit
+files found there and the consumers the user wants."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+__metaclass__ = type
+
+
+def _unit_re(prefix):
+    return re.compile(
+        r"^%s(?P<name>[a-z0-9][a-z0-9_-]*)(?P<at>@(?P<instance>[^.]*))?"
+        r"\.(?P<kind>service|timer)(?P<dropin>\.d)?$" % re.escape(prefix))
+
+
+def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
+    """Units to stop, services to let finish and paths to delete.
+
+    host_paths: paths below /etc/systemd/system whose names start with prefix
+    (unit files, drop-in folders and the symlinks in *.wants folders).
+    consumers: the normalised consumers (see consumer_spec.normalize_consumers).
+    Returns a dict with sorted lists: ``stop`` (timer units or globs), ``drain``
+    (service units or globs whose running batch is waited for), ``remove``
+    (paths) and ``removed`` (names of consumers that go away entirely).
+    """
+    wanted = {c["name"]: c for c in consumers if c["state"] != "absent"}
+    listed = {c["name"] for c in consumers}
+    unit_re = _unit_re(prefix)
+    stop, drain, remove, removed = set(), set(), set(), set()
+    for path in host_paths:
+        match = unit_re.match(posixpath.basename(path.rstrip("/")))
+        if not match:
+            continue
+        name, kind = match.group("name"), match.group("kind")
+        template = "@" if match.group("at") else ""
+        consumer = wanted.get(name)
+        if consumer is None:
+            if name not in listed and not exclusive:
+                continue
+            removed.add(name)
+            stop.update([prefix + name + ".timer", prefix + name + "@*.timer"])
+            drain.update([prefix + name + ".service", prefix + name + "@*.service"])
+            remove.add(path)
+            continue
+        in_wants = posixpath.basename(posixpath.dirname(path)).endswith(".wants")
+        if match.group("dropin"):
+            continue  # the user's own drop-ins of a consumer that stays
+        if in_wants:
+            if kind == "timer" and posixpath.basename(path) not in consumer["timers"]:
+                stop.add(posixpath.basename(path))
+                remove.add(path)
+            continue
+        if posixpath.basename(path) in (consumer["service_unit"], consumer["timer_unit"]):
+            continue
+        # A unit of the other shape (plain vs. template) after instances changed.
+        glob = prefix + name + ("@*" if template else "")
+        stop.add(glob + ".timer")
+        drain.add(glob + ".service")
+        remove.add(path)
+    return {
+        "stop": sorted(stop),
+        "drain": sorted(drain),
+        "remove": sorted(remove),
+        "removed": sorted(removed),
+    }

@@ -1,0 +1,336 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Validation and normalisation of consumer definitions.
+
+Pure functions only: they take the user's data and return plain dicts or
+raise ConsumerSpecError. The role calls them through the ``consumers`` filter
+on the controller, so a bad consumer fails the play before any host changes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+__metaclass__ = type
+
+SERVICE_KEYS = ("memory_max", "cpu_quota", "tasks_max", "nice", "io_weight")
+TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout")
+
+# Built-in default of every key a consumer may carry; the user's
+# consumer_defaults are laid over these, each item over both.
+ITEM_DEFAULTS = {
+    "name": None,
+    "command": None,
+    "interval": "1min",
+    "start_delay": "5s",
+    "accuracy": "1s",
+    "jitter": "0",
+    "timeout": "1h",
+    "user": "batchq",
+    "group": "batchq",
+    "allow_root": False,
+    "environment": {},
+    "environment_file": None,
+    "working_directory": None,
+    "writable_paths": [],
+    "memory_max": None,
+    "cpu_quota": None,
+    "tasks_max": None,
+    "nice": None,
+    "io_weight": None,
+    "instances": 1,
+    "state": "present",
+    "hardening": True,
+    "service_options": {},
+    "timer_options": {},
+}
+STATES = ("present", "paused", "absent")
+MAX_INSTANCES = 64
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+OPTION_KEY_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+MEMORY_RE = re.compile(r"^(?:infinity|[0-9]+(?:\.[0-9]+)?[KMGT]?|[0-9]+(?:\.[0-9]+)?%)$")
+CPU_QUOTA_RE = re.compile(r"^[0-9]+(?:\.[0-9]+)?%$")
+
+# systemd's time units (time-util.c), longest first so "ms" wins over "m".
+_TIME_UNITS = {
+    "usec": 1e-6, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6,
+    "msec": 1e-3, "ms": 1e-3,
+    "seconds": 1, "second": 1, "sec": 1, "s": 1,
+    "minutes": 60, "minute": 60, "min": 60, "m": 60,
+    "hours": 3600, "hour": 3600, "hr": 3600, "h": 3600,
+    "days": 86400, "day": 86400, "d": 86400,
+    "weeks": 604800, "week": 604800, "w": 604800,
+    "months": 2629800, "month": 2629800, "M": 2629800,
+    "years": 31557600, "year": 31557600, "y": 31557600,
+}
+_TIME_PART_RE = re.compile(
+    r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*("
+    + "|".join(sorted(map(re.escape, _TIME_UNITS), key=len, reverse=True))
+    + r")?(?![A-Za-z\u00b5\u03bc])\s*"
+)
+
+
+class ConsumerSpecError(ValueError):
+    """A consumer definition that cannot be deployed."""
+
+
+def _fail(consumer, field, problem):
+    raise ConsumerSpecError("consumer %r: field %r: %s" % (consumer, field, problem))
+
+
+def parse_timespan(text):
+    """Seconds in a systemd time span, float('inf') for "infinity".
+
+    Mirrors systemd's parse_sec() closely enough to reject what systemd would;
+    the role still asks `systemd-analyze timespan` on each host as the authority.
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError("must be a time span string such as '30s' or '5min'")
+    text = str(text).strip()
+    if text == "infinity":
+        return float("inf")
+    if not text:
+        raise ValueError("is empty")
+    total, pos = 0.0, 0
+    while pos < len(text):
+        match = _TIME_PART_RE.match(text, pos)
+        if not match or match.end() == pos:
+            raise ValueError("%r is not a systemd time span (e.g. '30s', '5min', '1h 30min')" % text)
+        total += float(match.group(1)) * _TIME_UNITS.get(match.group(2) or "s", 1)
+        pos = match.end()
+    return total
+
+
+def _as_bool(consumer, field, value):
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).lower()
+    if lowered in ("yes", "true", "on", "1"):
+        return True
+    if lowered in ("no", "false", "off", "0"):
+        return False
+    _fail(consumer, field, "must be a boolean, got %r" % (value,))
+
+
+def _as_int(consumer, field, value, low, high):
+    if isinstance(value, bool) or not re.match(r"^-?[0-9]+$", str(value).strip()):
+        _fail(consumer, field, "must be a whole number, got %r" % (value,))
+    number = int(str(value).strip())
+    if not low <= number <= high:
+        _fail(consumer, field, "must be between %d and %d, got %d" % (low, high, number))
+    return number
+
+
+def _single_line(consumer, field, value):
+    text = str(value)
+    if "\n" in text or "\r" in text or "\0" in text:
+        _fail(consumer, field, "must not contain a newline or NUL byte")
+    return text
+
+
+def _absolute_path(consumer, field, value):
+    text = _single_line(consumer, field, value)
+    if not text.startswith("/"):
+        _fail(consumer, field, "must be an absolute path, got %r" % text)
+    return text
+
+
+def split_command(consumer, command):
+    """The argv of a consumer's command: a list as given, a string split like a shell."""
+    if isinstance(command, (list, tuple)):
+        argv = [str(word) for word in command]
+    elif isinstance(command, str):
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:
+            _fail(consumer, "command", "cannot be split into words: %s" % exc)
+    else:
+        _fail(consumer, "command", "must be a string or a list of arguments")
+    if not argv or not argv[0]:
+        _fail(consumer, "command", "is empty")
+    for word in argv:
+        _single_line(consumer, "command", word)
+    if not argv[0].startswith("/"):
+        _fail(consumer, "command", "must start with an absolute path, got %r" % argv[0])
+    return argv
+
+
+def systemd_quote(word):
+    """One ExecStart= word that systemd hands to the process unchanged.
+
+    Double quotes stop word splitting; inside them a backslash and a quote are
+    C-escaped, '%' is doubled against specifier expansion and '$' against
+    environment variable expansion (systemd.service(5), systemd.syntax(7)).
+    """
+    escaped = word.replace("\\", "\\\\").replace('"', '\\"')
+    return '"%s"' % escaped.replace("%", "%%").replace("$", "$$")
+
+
+def systemd_environment(key, value):
+    """One Environment= assignment whose value reaches the process unchanged.
+
+    Environment= expands specifiers but not variables, so only '%' is doubled.
+    """
+    escaped = ("%s=%s" % (key, value)).replace("\\", "\\\\").replace('"', '\\"')
+    return '"%s"' % escaped.replace("%", "%%")
+
+
+def _timespans(name, item):
+    spans = {}
+    for field in TIME_KEYS:
+        value = item[field]
+        try:
+            seconds = parse_timespan(value)
+        except ValueError as exc:
+            _fail(name, field, str(exc))
+        if seconds == float("inf") and (field != "timeout" or str(value).strip() != "infinity"):
+            _fail(name, field, "must be finite" if field != "timeout" else "write 'infinity' explicitly")
+        spans[field] = seconds
+    if spans["interval"] <= 0:
+        _fail(name, "interval", "must be longer than 0")
+    if spans["timeout"] <= 0:
+        _fail(name, "timeout", "must be longer than 0 (systemd reads 0 as no timeout; write 'infinity' for that)")
+    return spans
+
+
+def _environment(name, environment):
+    if not isinstance(environment, dict):
+        _fail(name, "environment", "must be a dict of NAME: value")
+    lines = []
+    for key in sorted(environment):
+        if not ENV_KEY_RE.match(str(key)):
+            _fail(name, "environment", "%r is not a valid variable name" % (key,))
+        value = environment[key]
+        if isinstance(value, (dict, list)) or value is None:
+            _fail(name, "environment", "value of %s must be a string or number" % key)
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        lines.append(systemd_environment(key, _single_line(name, "environment", value)))
+    return lines
+
+
+def _raw_options(name, field, options):
+    if not isinstance(options, dict):
+        _fail(name, field, "must be a dict of systemd Setting: value")
+    result = []
+    for key in sorted(options):
+        if not OPTION_KEY_RE.match(str(key)):
+            _fail(name, field, "%r is not a systemd setting name" % (key,))
+        values = options[key] if isinstance(options[key], list) else [options[key]]
+        for value in values:
+            if isinstance(value, bool):
+                value = "yes" if value else "no"
+            if isinstance(value, (dict, list)) or value is None:
+                _fail(name, field, "value of %s must be a string or number" % key)
+            result.append((key, _single_line(name, field, value)))
+    return result
+
+
+def _resources(name, item):
+    limits = {}
+    if item["memory_max"] is not None:
+        if not MEMORY_RE.match(str(item["memory_max"])):
+            _fail(name, "memory_max", "must be bytes with an optional K, M, G or T suffix, a percentage or 'infinity', got %r" % (item["memory_max"],))
+        limits["MemoryMax"] = str(item["memory_max"])
+    if item["cpu_quota"] is not None:
+        if not CPU_QUOTA_RE.match(str(item["cpu_quota"])):
+            _fail(name, "cpu_quota", "must be a percentage such as '50%%', got %r" % (item["cpu_quota"],))
+        limits["CPUQuota"] = str(item["cpu_quota"])
+    if item["tasks_max"] is not None:
+        tasks = str(item["tasks_max"])
+        limits["TasksMax"] = tasks if tasks == "infinity" else str(_as_int(name, "tasks_max", tasks, 1, 4194304))
+    if item["nice"] is not None:
+        limits["Nice"] = str(_as_int(name, "nice", item["nice"], -20, 19))
+    if item["io_weight"] is not None:
+        limits["IOWeight"] = str(_as_int(name, "io_weight", item["io_weight"], 1, 10000))
+    return limits
+
+
+def normalize_consumer(raw, defaults, prefix):
+    """One consumer, validated, with everything the unit templates need."""
+    if not isinstance(raw, dict):
+        raise ConsumerSpecError("consumer_list: every item must be a dict, got %r" % (raw,))
+    name = raw.get("name")
+    if name is None or not NAME_RE.match(str(name)):
+        raise ConsumerSpecError(
+            "consumer %r: field 'name': must be 1-48 lowercase letters, digits, '-' or '_',"
+            " starting with a letter or digit" % (name,))
+    item = dict(ITEM_DEFAULTS)
+    item.update(defaults)
+    item.update(raw)
+    unknown = sorted(set(item) - set(ITEM_DEFAULTS))
+    if unknown:
+        _fail(name, unknown[0], "is not a consumer setting (known: %s)" % ", ".join(sorted(ITEM_DEFAULTS)))
+    if item["state"] not in STATES:
+        _fail(name, "state", "must be one of %s, got %r" % (", ".join(STATES), item["state"]))
+    if item["command"] is None and item["state"] != "absent":
+        _fail(name, "command", "is required")
+
+    instances = _as_int(name, "instances", item["instances"], 1, MAX_INSTANCES)
+    hardening = _as_bool(name, "hardening", item["hardening"])
+    for field in ("user", "group"):
+        if not ACCOUNT_RE.match(str(item[field])):
+            _fail(name, field, "%r is not a valid account name" % (item[field],))
+    if hardening and "root" in (item["user"], item["group"]) and not _as_bool(name, "allow_root", item["allow_root"]):
+        _fail(name, "user", "root with hardening on needs allow_root: true")
+    if not isinstance(item["writable_paths"], list):
+        _fail(name, "writable_paths", "must be a list of absolute paths")
+
+    required_paths = [
+        {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
+    ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
+    unit = prefix + name
+    service = "%s%s.service" % (unit, "@" if instances > 1 else "")
+    timer = "%s%s.timer" % (unit, "@" if instances > 1 else "")
+    return {
+        "name": name,
+        "state": item["state"],
+        "instances": instances,
+        "unit": unit,
+        "service_unit": service,
+        "timer_unit": timer,
+        "unit_files": [service, timer],
+        "timers": [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)],
+        "exec_start": None if item["command"] is None else " ".join(
+            systemd_quote(word) for word in split_command(name, item["command"])),
+        "environment": _environment(name, item["environment"]),
+        "environment_file": item["environment_file"] and _absolute_path(name, "environment_file", item["environment_file"]),
+        "working_directory": item["working_directory"] and _absolute_path(name, "working_directory", item["working_directory"]),
+        "writable_paths": [_absolute_path(name, "writable_paths", path) for path in item["writable_paths"]],
+        "required_paths": required_paths,
+        "user": str(item["user"]),
+        "group": str(item["group"]),
+        "hardening": hardening,
+        "spans": {field: str(item[field]).strip() for field in TIME_KEYS},
+        "timeout_seconds": _timespans(name, item)["timeout"],
+        "resources": _resources(name, item),
+        "service_options": _raw_options(name, "service_options", item["service_options"]),
+        "timer_options": _raw_options(name, "timer_options", item["timer_options"]),
+    }
+
+
+def normalize_consumers(consumers, defaults=None, prefix="batchq-"):
+    """Every consumer of a host, validated as a whole (names are unique)."""
+    if not isinstance(consumers, list):
+        raise ConsumerSpecError("consumer_list must be a list of consumers")
+    if defaults is None:
+        defaults = {}
+    if not isinstance(defaults, dict):
+        raise ConsumerSpecError("consumer_defaults must be a dict")
+    if "name" in defaults:
+        raise ConsumerSpecError("consumer_defaults: field 'name' cannot have a default")
+    if not re.match(r"^[a-z0-9][a-z0-9_-]*-$", str(prefix)):
+        raise ConsumerSpecError("consumer_unit_prefix %r must be lowercase letters, digits, '_' or '-' and end in '-'" % (prefix,))
+    normalized, seen = [], set()
+    for raw in consumers:
+        consumer = normalize_consumer(raw, defaults, prefix)
+        if consumer["name"] in seen:
+            _fail(consumer["name"], "name", "is used by more than one consumer")
+        seen.add(consumer["name"])
+        normalized.append(consumer)
+    return normalized

@@ -1,0 +1,55 @@
+"""What the role removes from a host, from the files it finds there."""
+
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import normalize_consumers
+
+D = "/etc/systemd/system"
+WANTS = D + "/timers.target.wants"
+
+
+def consumers(*items):
+    return normalize_consumers([dict({"command": "/bin/true"}, **item) for item in items])
+
+
+def test_nothing_to_do_when_the_host_matches():
+    found = [D + "/batchq-a.service", D + "/batchq-a.timer", WANTS + "/batchq-a.timer", D + "/batchq-a.service.d"]
+    assert leftovers(found, consumers({"name": "a"})) == {"stop": [], "drain": [], "remove": [], "removed": []}
+
+
+def test_absent_consumer_goes_entirely_with_drop_ins_and_symlinks():
+    found = [D + "/batchq-a.service", D + "/batchq-a.timer", WANTS + "/batchq-a.timer", D + "/batchq-a.service.d",
+             D + "/batchq-b.service"]
+    result = leftovers(found, consumers({"name": "a", "state": "absent"}, {"name": "b"}))
+    assert result["removed"] == ["a"]
+    assert result["remove"] == sorted(found[:4])
+    assert result["stop"] == ["batchq-a.timer", "batchq-a@*.timer"]
+    assert result["drain"] == ["batchq-a.service", "batchq-a@*.service"]
+
+
+def test_unlisted_consumers_stay_unless_exclusive():
+    found = [D + "/batchq-stray.service", D + "/batchq-stray.timer", D + "/batchq-a.service", D + "/other.service"]
+    assert leftovers(found, consumers({"name": "a"}))["remove"] == []
+    result = leftovers(found, consumers({"name": "a"}), exclusive=True)
+    assert result["removed"] == ["stray"]
+    assert result["remove"] == [D + "/batchq-stray.service", D + "/batchq-stray.timer"]
+
+
+def test_fewer_instances_stop_the_extra_timers_only():
+    found = [D + "/batchq-a@.service", D + "/batchq-a@.timer"] + [WANTS + "/batchq-a@%d.timer" % i for i in (1, 2, 3)]
+    result = leftovers(found, consumers({"name": "a", "instances": 2}))
+    assert result == {"stop": ["batchq-a@3.timer"], "drain": [], "remove": [WANTS + "/batchq-a@3.timer"], "removed": []}
+
+
+def test_switching_to_instances_retires_the_plain_units():
+    found = [D + "/batchq-a.service", D + "/batchq-a.timer", WANTS + "/batchq-a.timer", D + "/batchq-a@.service"]
+    result = leftovers(found, consumers({"name": "a", "instances": 2}))
+    assert result["stop"] == ["batchq-a.timer"]
+    assert result["drain"] == ["batchq-a.service"]
+    assert result["remove"] == [D + "/batchq-a.service", D + "/batchq-a.timer", WANTS + "/batchq-a.timer"]
+    assert result["removed"] == []
+
+
+def test_names_sharing_a_beginning_are_told_apart():
+    found = [D + "/batchq-a-b.service", D + "/batchq-a.service"]
+    result = leftovers(found, consumers({"name": "a"}, {"name": "a-b", "state": "absent"}))
+    assert result["remove"] == [D + "/batchq-a-b.service"]

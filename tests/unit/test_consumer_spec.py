@@ -1,0 +1,165 @@
+"""Validation and quoting of consumer definitions (pure functions, no host)."""
+
+import pytest
+
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
+    ConsumerSpecError,
+    normalize_consumers,
+    parse_timespan,
+    systemd_environment,
+    systemd_quote,
+)
+
+GOOD = {"name": "thumbs", "command": "/usr/bin/process_queue --limit 100"}
+
+
+def one(**fields):
+    return normalize_consumers([dict(GOOD, **fields)])[0]
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("1min", 60), ("90s", 90), ("1h 30min", 5400), ("1h30min", 5400), ("100ms", 0.1),
+    ("2", 2), ("1.5h", 5400), (" 5 min ", 300), ("1w", 604800), ("1M", 2629800), ("1m", 60),
+    (30, 30), ("0", 0),
+])
+def test_timespans_systemd_accepts(text, seconds):
+    assert parse_timespan(text) == pytest.approx(seconds)
+
+
+def test_infinity_is_infinite():
+    assert parse_timespan("infinity") == float("inf")
+
+
+@pytest.mark.parametrize("text", ["1 fortnight", "-5s", "", "5 s s", "1mx", "s", True, None, "1h,2m"])
+def test_timespans_systemd_rejects(text):
+    with pytest.raises(ValueError):
+        parse_timespan(text)
+
+
+def test_defaults_of_a_minimal_consumer():
+    consumer = one()
+    assert consumer["spans"] == {
+        "interval": "1min", "start_delay": "5s", "accuracy": "1s", "jitter": "0", "timeout": "1h"}
+    assert (consumer["service_unit"], consumer["timer_unit"]) == ("batchq-thumbs.service", "batchq-thumbs.timer")
+    assert consumer["timers"] == ["batchq-thumbs.timer"]
+    assert (consumer["user"], consumer["group"], consumer["hardening"]) == ("batchq", "batchq", True)
+    assert consumer["exec_start"] == '"/usr/bin/process_queue" "--limit" "100"'
+
+
+def test_instances_make_template_units_and_one_timer_each():
+    consumer = one(instances=3)
+    assert consumer["unit_files"] == ["batchq-thumbs@.service", "batchq-thumbs@.timer"]
+    assert consumer["timers"] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer", "batchq-thumbs@3.timer"]
+
+
+def test_defaults_lie_under_items_and_prefix_names_units():
+    consumers = normalize_consumers(
+        [GOOD, dict(GOOD, name="mail", interval="5s")], {"interval": "30s", "nice": 5}, "jobs-")
+    assert [c["spans"]["interval"] for c in consumers] == ["30s", "5s"]
+    assert consumers[0]["resources"] == {"Nice": "5"}
+    assert consumers[1]["service_unit"] == "jobs-mail.service"
+
+
+def test_absent_consumer_needs_no_command():
+    consumer = normalize_consumers([{"name": "old", "state": "absent"}])[0]
+    assert consumer["exec_start"] is None and consumer["state"] == "absent"
+
+
+@pytest.mark.parametrize("word, quoted", [
+    ("plain", '"plain"'),
+    ("two words", '"two words"'),
+    ('say "hi"', '"say \\"hi\\""'),
+    ("100%", '"100%%"'),
+    ("%n", '"%%n"'),
+    ("$HOME ${X}", '"$$HOME $${X}"'),
+    ("a\\b", '"a\\\\b"'),
+    ("", '""'),
+])
+def test_exec_start_words_are_quoted_against_every_expansion(word, quoted):
+    assert systemd_quote(word) == quoted
+
+
+def test_environment_doubles_percent_but_keeps_dollar():
+    assert systemd_environment("A", '50% "$HOME" \\') == '"A=50%% \\"$HOME\\" \\\\"'
+
+
+def test_string_command_splits_like_a_shell_and_list_is_kept():
+    assert one(command="/bin/echo 'a b' c\\ d")["exec_start"] == '"/bin/echo" "a b" "c d"'
+    assert one(command=["/bin/echo", "a b", "$x"])["exec_start"] == '"/bin/echo" "a b" "$$x"'
+
+
+# (what is wrong, the consumer's fields, words the message must contain)
+BAD = [
+    ("slash in name", {"name": "a/b"}, ["'a/b'", "'name'"]),
+    ("upper case name", {"name": "Thumbs"}, ["'Thumbs'", "'name'"]),
+    ("long name", {"name": "x" * 49}, ["'name'"]),
+    ("name starts with dash", {"name": "-x"}, ["'name'"]),
+    ("bad span", {"interval": "1 fortnight"}, ["'thumbs'", "'interval'", "1 fortnight"]),
+    ("zero interval", {"interval": "0"}, ["'thumbs'", "'interval'"]),
+    ("implicit infinite timeout", {"timeout": "0"}, ["'thumbs'", "'timeout'", "infinity"]),
+    ("infinite interval", {"interval": "infinity"}, ["'thumbs'", "'interval'"]),
+    ("relative command", {"command": "process_queue"}, ["'thumbs'", "'command'", "absolute"]),
+    ("empty command", {"command": ""}, ["'thumbs'", "'command'", "empty"]),
+    ("empty argv", {"command": []}, ["'thumbs'", "'command'", "empty"]),
+    ("unbalanced quote", {"command": "/bin/echo 'a"}, ["'thumbs'", "'command'"]),
+    ("newline in argument", {"command": ["/bin/echo", "a\nb"]}, ["'command'", "newline"]),
+    ("no command", {"command": None}, ["'thumbs'", "'command'", "required"]),
+    ("typo key", {"intervall": "5s"}, ["'thumbs'", "'intervall'"]),
+    ("zero instances", {"instances": 0}, ["'instances'"]),
+    ("too many instances", {"instances": 65}, ["'instances'"]),
+    ("instances as words", {"instances": "three"}, ["'instances'"]),
+    ("memory as prose", {"memory_max": "lots"}, ["'memory_max'"]),
+    ("cpu without percent", {"cpu_quota": "50"}, ["'cpu_quota'"]),
+    ("nice out of range", {"nice": 20}, ["'nice'"]),
+    ("io weight zero", {"io_weight": 0}, ["'io_weight'"]),
+    ("bad env name", {"environment": {"1A": "x"}}, ["'environment'", "1A"]),
+    ("newline in env", {"environment": {"A": "x\ny"}}, ["'environment'", "newline"]),
+    ("env not a dict", {"environment": ["A=1"]}, ["'environment'"]),
+    ("newline in raw option", {"service_options": {"Nice": "1\nUser=root"}}, ["'service_options'", "newline"]),
+    ("lower case raw option", {"timer_options": {"persistent": "yes"}}, ["'timer_options'", "persistent"]),
+    ("root with hardening", {"user": "root"}, ["'user'", "allow_root"]),
+    ("bad state", {"state": "stopped"}, ["'state'", "stopped"]),
+    ("relative env file", {"environment_file": "app.env"}, ["'environment_file'", "absolute"]),
+    ("relative writable path", {"writable_paths": ["data"]}, ["'writable_paths'"]),
+    ("hardening as prose", {"hardening": "maybe"}, ["'hardening'"]),
+]
+
+
+@pytest.mark.parametrize("fields, words", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_consumers_name_consumer_and_field(fields, words):
+    with pytest.raises(ConsumerSpecError) as error:
+        normalize_consumers([dict(GOOD, **fields)])
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_root_is_allowed_when_asked_for_or_without_hardening():
+    assert one(user="root", allow_root=True)["user"] == "root"
+    assert one(user="root", hardening=False)["user"] == "root"
+
+
+def test_duplicate_names_are_refused():
+    with pytest.raises(ConsumerSpecError, match="'thumbs': field 'name': is used by more than one"):
+        normalize_consumers([GOOD, GOOD])
+
+
+@pytest.mark.parametrize("consumers, defaults, prefix, words", [
+    ({"name": "x"}, {}, "batchq-", ["must be a list"]),
+    (["x"], {}, "batchq-", ["must be a dict"]),
+    ([GOOD], {"name": "x"}, "batchq-", ["consumer_defaults", "'name'"]),
+    ([GOOD], [], "batchq-", ["consumer_defaults must be a dict"]),
+    ([GOOD], {}, "Batch", ["consumer_unit_prefix"]),
+])
+def test_bad_role_variables(consumers, defaults, prefix, words):
+    with pytest.raises(ConsumerSpecError) as error:
+        normalize_consumers(consumers, defaults, prefix)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_required_paths_are_listed_for_the_host_check():
+    consumer = one(environment_file="/etc/app.env", writable_paths=["/srv/out"])
+    assert consumer["required_paths"] == [
+        {"field": "environment_file", "path": "/etc/app.env"},
+        {"field": "writable_paths", "path": "/srv/out"},
+    ]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The demo fleet: three systemd containers (two Debian 12, one Debian 13)
+# with the example consumers of demo/group_vars deployed and reporting.
+#   tools/demo.sh up     start the fleet, deploy, wait for first runs, show them
+#   tools/demo.sh down   remove the fleet
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hosts=(batchq-demo-1 batchq-demo-2 batchq-demo-3)
+images=("${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
+        "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}")
+
+down() {
+  docker rm -f "${hosts[@]}" >/dev/null 2>&1 || true
+  echo "demo fleet removed"
+}
+
+up() {
+  for i in "${!hosts[@]}"; do
+    docker rm -f "${hosts[$i]}" >/dev/null 2>&1 || true
+    # systemd as PID 1 without --privileged (SYSTEMD_FACTS.md §16)
+    docker run -d --name "${hosts[$i]}" --hostname "${hosts[$i]}" \
+      --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add NET_ADMIN --cap-add SYS_NICE \
+      --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+      --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
+      "${images[$i]}" /lib/systemd/systemd >/dev/null
+  done
+  for host in "${hosts[@]}"; do
+    docker exec "$host" systemctl is-system-running --wait >/dev/null || true
+  done
+  echo "demo fleet is up: ${hosts[*]}"
+  ansible-playbook -i demo/inventory.yml batchq.consumers.deploy_consumers
+  ansible-playbook -i demo/inventory.yml demo/show.yml
+  echo "Look around: docker exec -it batchq-demo-1 systemctl list-timers 'batchq-*'"
+  echo "Remove the fleet: make demo-down"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac
