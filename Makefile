@@ -7,13 +7,16 @@ BIN := $(abspath $(VENV))/bin
 CACHE := $(abspath .cache)
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
-SCENARIOS ?= default
+SCENARIOS ?= default info
 
 # Everything below runs the collection as users install it: the built tarball.
 export PATH := $(BIN):$(PATH)
 export BATCHQ_COLLECTIONS_PATH := $(CACHE)/collections
 export ANSIBLE_COLLECTIONS_PATH := $(CACHE)/collections
 export ANSIBLE_FORCE_COLOR := false
+# ansible-lint installs the collection it lints into ANSIBLE_HOME: keep that
+# copy here, not in the user's home where it would outlive the next build.
+export ANSIBLE_HOME := $(CACHE)/ansible-home
 
 .PHONY: test demo demo-down lint unit molecule images engine collection clean
 
@@ -38,7 +41,7 @@ images: engine
 	tools/build-image.sh trixie
 
 collection: $(VENV)/.installed
-	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq
+	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq $(ANSIBLE_HOME)/collections
 	ansible-galaxy collection build --force --output-path $(CACHE)/build . >/dev/null
 	@! tar -tzf $(TARBALL) | grep -E '^(molecule|tests|tools|\.ci)/' || { echo "test files in the tarball" >&2; exit 1; }
 	ansible-galaxy collection install --force -p $(CACHE)/collections $(TARBALL) >/dev/null
@@ -47,6 +50,12 @@ collection: $(VENV)/.installed
 lint: collection
 	yamllint --strict .
 	ansible-lint
+	@for plugin in module:consumer_info module:consumer_units role:consumer filter:consumers filter:consumer_leftovers \
+	    filter:consumer_status_table filter:consumer_status_problems; do \
+	  ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"doc"' \
+	    || ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"entry_points"' \
+	    || { echo "ansible-doc does not render $$plugin" >&2; exit 1; }; \
+	done; echo "ansible-doc renders every plugin and the role"
 
 unit: $(VENV)/.installed
 	PYTHONPATH=$(CACHE)/collections pytest tests/unit

@@ -87,6 +87,11 @@ def timestamp(text):
     return datetime.strptime(text, "%a %Y-%m-%d %H:%M:%S.%f UTC").replace(tzinfo=timezone.utc).timestamp()
 
 
+def timestamp_of(iso_text):
+    """Seconds since the epoch of an ISO 8601 time as consumer_info reports it."""
+    return datetime.fromisoformat(iso_text.replace("Z", "+00:00")).timestamp()
+
+
 def host_state(host):
     """What a deploy may change on a host: unit files with their content,
     symlinks, the consumer account and whether each timer is active (not its

@@ -29,7 +29,8 @@ up() {
   done
   echo "demo fleet is up: ${hosts[*]}"
   ansible-playbook -i demo/inventory.yml batchq.consumers.deploy_consumers
-  ansible-playbook -i demo/inventory.yml demo/show.yml
+  ansible-playbook -i demo/inventory.yml demo/wait.yml
+  ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_status
   echo "Look around: docker exec -it batchq-demo-1 systemctl list-timers 'batchq-*'"
   echo "Remove the fleet: make demo-down"
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_status import problems, table
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     normalize_consumers,
@@ -63,6 +64,20 @@ def consumer_leftovers(host_paths, normalized, prefix="batchq-", exclusive=False
     return leftovers(host_paths, normalized, prefix, exclusive)
 
 
+def consumer_status_table(reports, now):
+    return table(reports, now)
+
+
+def consumer_status_problems(reports, now, fail_on_failed=False, max_age=None):
+    # Extra vars arrive as strings: -e consumer_status_max_age=3600
+    return problems(reports, float(now), bool(fail_on_failed), None if max_age in (None, "") else float(max_age))
+
+
 class FilterModule:
     def filters(self):
-        return {"consumers": consumers, "consumer_leftovers": consumer_leftovers}
+        return {
+            "consumers": consumers,
+            "consumer_leftovers": consumer_leftovers,
+            "consumer_status_table": consumer_status_table,
+            "consumer_status_problems": consumer_status_problems,
+        }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Times consumer_info on one Debian 12 host with 50 consumers and history: 20.
+# Usage: make collection images && benchmarks/consumer_info.sh [ROUNDS]
+# Prints the seconds of the consumer_info task (module run and transfer, as
+# ansible's profile_tasks measures it) for each round, and their median.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5}
+host=batchq-bench
+export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
+export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
+work=$(mktemp -d)
+trap 'docker rm -f $host >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+docker rm -f $host >/dev/null 2>&1 || true
+docker run -d --name $host --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add NET_ADMIN --cap-add SYS_NICE \
+  --security-opt seccomp=unconfined --security-opt apparmor=unconfined --cgroupns=host \
+  -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
+  "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}" /lib/systemd/systemd >/dev/null
+docker exec $host systemctl is-system-running --wait >/dev/null 2>&1 || true
+
+printf 'consumers:\n  hosts:\n    %s:\n      ansible_connection: community.docker.docker\n' $host >"$work/inventory.yml"
+{
+  echo "consumer_defaults: {interval: 1s, accuracy: 100ms, start_delay: 1s}"
+  echo "consumer_list:"
+  for i in $(seq -w 1 50); do
+    echo "  - {name: bench$i, command: '/bin/sh -c \"echo batch \$\$INVOCATION_ID; echo done\"'}"
+  done
+} >"$work/consumers.yml"
+ansible-playbook -i "$work/inventory.yml" batchq.consumers.deploy_consumers -e @"$work/consumers.yml" >/dev/null
+# Every consumer needs 21 finished runs for a full history of 20.
+echo "waiting for 21 runs of every consumer..."
+for _ in $(seq 120); do
+  fewest=$(docker exec $host sh -c 'for i in $(seq -w 1 50); do journalctl -q -o cat -u batchq-bench$i.service MESSAGE_ID=39f53479d3a045ac8e11786248231fbf | wc -l; done | sort -n | head -1')
+  [ "$fewest" -ge 21 ] && break
+  sleep 2
+done
+# Stop the timers so every round reads the same journal.
+docker exec $host sh -c 'systemctl stop "batchq-*.timer"'
+
+cat >"$work/bench.yml" <<'PLAY'
+- hosts: consumers
+  gather_facts: false
+  tasks:
+    - batchq.consumers.consumer_info:
+        history: 20
+      register: report
+    - ansible.builtin.assert:
+        that:
+          - report.consumers | length == 50
+          - report.consumers.values() | map(attribute='history') | map('length') | min == 20
+PLAY
+times=()
+for round in $(seq "$rounds"); do
+  seconds=$(ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks ansible-playbook -i "$work/inventory.yml" "$work/bench.yml" \
+    | awk '/batchq.consumers.consumer_info -+ [0-9.]+s$/ {sub("s", "", $NF); print $NF}')
+  echo "round $round: consumer_info with 50 consumers, history 20: ${seconds}s"
+  times+=("$seconds")
+done
+printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print "median: " a[int((NR+1)/2)] "s over " NR " rounds"}'

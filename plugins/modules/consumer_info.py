@@ -1,0 +1,232 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: consumer_info
+short_description: Report the last runs of batch queue consumers from systemd and the journal
+version_added: 0.1.0
+description:
+  - Reports every consumer installed by the C(batchq.consumers.consumer) role on a host, or the
+    ones named, with its state, its timer, its last run with that run's own log lines, a history
+    of finished runs and a summary.
+  - Runs are told apart by systemd's invocation ID, so the log lines of a run are that run's only.
+  - One C(systemctl show) call covers all units; journal reads are bounded by unit, by invocation
+    and by count, never a scan of the whole journal.
+  - Works on systemd 252 (Debian 12) and 257 (Debian 13). When the journal has lost a run (rotated
+    or volatile), it says so in a warning and still reports what systemd knows.
+options:
+  names:
+    description:
+      - Consumers to report, by name (C(thumbs)) or instance (C(thumbs@2)); a name of a consumer
+        with instances reports all its loaded instances.
+      - Default is every consumer on the host with O(prefix).
+    type: list
+    elements: str
+    default: []
+  prefix:
+    description: Prefix of the consumers' unit names.
+    type: str
+    default: batchq-
+  history:
+    description: How many finished runs to report per consumer, newest first.
+    type: int
+    default: 5
+  log_lines:
+    description: How many lines of the last run's own output to report (its last ones).
+    type: int
+    default: 20
+attributes:
+  check_mode:
+    support: full
+    details: The module only reads.
+  diff_mode:
+    support: none
+author:
+  - batchq.consumers contributors
+"""
+
+EXAMPLES = r"""
+- name: Report every consumer of the host
+  batchq.consumers.consumer_info:
+  register: consumers
+
+- name: Fail when the thumbnails consumer failed its last run
+  ansible.builtin.assert:
+    that: consumers.consumers.thumbnails.state != 'failed'
+    fail_msg: "{{ consumers.consumers.thumbnails.last_run.log | join('\n') }}"
+
+- name: Two consumers, a longer history, no log lines
+  batchq.consumers.consumer_info:
+    names: [thumbnails, mailer]
+    history: 20
+    log_lines: 0
+"""
+
+RETURN = r"""
+consumers:
+  description: The consumers, keyed by name, or C(name@N) for instances.
+  returned: always
+  type: dict
+  contains:
+    state:
+      description: C(waiting) (timer armed, no batch running), C(running), C(paused) (timer stopped),
+        C(failed) (last run failed) or C(missing) (named but not installed).
+      type: str
+      sample: waiting
+    timer:
+      description: The consumer's timer; null when missing.
+      type: dict
+      contains:
+        enabled: {description: Enabled at boot., type: bool, sample: true}
+        active: {description: Armed now., type: bool, sample: true}
+        last_trigger: {description: When it last started the service (ISO 8601, UTC)., type: str, sample: "2026-11-29T11:58:26Z"}
+        next_run: {description: When it will next start it (ISO 8601, UTC); null when not armed or while a batch runs., type: str,
+                   sample: "2026-11-29T11:59:27.672258Z"}
+    last_run:
+      description: The latest finished run; null when the consumer never finished a run.
+      type: dict
+      contains:
+        invocation_id: {description: systemd's invocation ID of the run., type: str, sample: 38c5427853b64485928f62ecb3a6e0e7}
+        started: {description: Start (ISO 8601, UTC)., type: str, sample: "2026-11-29T11:58:40.645629Z"}
+        finished: {description: End (ISO 8601, UTC)., type: str, sample: "2026-11-29T11:58:43.651733Z"}
+        duration_s: {description: Seconds from start to end., type: float, sample: 3.006}
+        result: {description: "systemd's Result: success, exit-code, signal, timeout, oom-kill, core-dump, ...", type: str, sample: success}
+        exit_code: {description: "How the main process ended: exited, killed or dumped.", type: str, sample: exited}
+        exit_status: {description: The exit status, or the signal name when killed or dumped., type: raw, sample: 0}
+        log: {description: The last O(log_lines) lines that run wrote, oldest first., type: list, elements: str, sample: [processed 100 items]}
+    running_since:
+      description: When the running batch began (ISO 8601, UTC); null when none runs.
+      type: str
+      sample: null
+    history:
+      description: The last O(history) finished runs, newest first, with the fields of RV(consumers.last_run) but C(log).
+      type: list
+      elements: dict
+    summary:
+      description: Figures over RV(consumers.history).
+      type: dict
+      contains:
+        runs: {description: Runs in the history., type: int, sample: 5}
+        failures: {description: Runs whose result was not success., type: int, sample: 1}
+        success_rate: {description: Share of successful runs, 0 to 1; null without runs., type: float, sample: 0.8}
+        mean_duration_s: {description: Mean duration in seconds; null without runs., type: float, sample: 3.004}
+"""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
+    RUN_MESSAGES,
+    SERVICE_PROPERTIES,
+    TIMER_PROPERTIES,
+    consumer_report,
+    consumer_units,
+    parse_journal_lines,
+    parse_journal_runs,
+    parse_show,
+)
+
+LANG_C = {"LANG": "C", "LC_ALL": "C"}
+
+
+class Host:
+    """The commands the module runs, as argv lists with a C locale."""
+
+    def __init__(self, module):
+        self.module = module
+        self.systemctl = module.get_bin_path("systemctl", required=True)
+        self.journalctl = module.get_bin_path("journalctl", required=True)
+
+    def run(self, argv):
+        rc, out, err = self.module.run_command(argv, environ_update=LANG_C)
+        if rc != 0:
+            self.module.fail_json(msg="%s failed: %s" % (" ".join(argv), err.strip()), rc=rc)
+        return out
+
+    def units(self, prefix):
+        pattern = [prefix + "*.service", prefix + "*.timer"]
+        return (self.run([self.systemctl, "list-unit-files", "--no-legend", "--plain", "--"] + pattern)
+                + self.run([self.systemctl, "list-units", "--all", "--no-legend", "--plain", "--"] + pattern))
+
+    def show(self, units, properties):
+        return parse_show(self.run([self.systemctl, "show", "--timestamp=us+utc",
+                                    "--property=" + ",".join(properties), "--"] + units))
+
+    def runs(self, service, history):
+        # A run leaves three to five manager messages; one more run covers a running batch.
+        matches = ["UNIT=" + service] + ["MESSAGE_ID=" + message for message in RUN_MESSAGES]
+        return parse_journal_runs(self.run([
+            self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=%d" % ((history + 2) * 5),
+            "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS", "--"] + matches))
+
+    def log(self, run, lines):
+        """The last lines of one run's own output, read from its start on."""
+        if not lines or not run["invocation_id"]:
+            return []
+        started = datetime.fromisoformat(run["started"].replace("Z", "+00:00")).timestamp()
+        return parse_journal_lines(self.run([
+            self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE", "--lines=%d" % lines,
+            "--since=@%d" % (int(started) - 1), "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
+
+
+def wanted(found, names, prefix):
+    """The consumers to report: every one found, or the named ones (missing if absent)."""
+    if not names:
+        return found
+    chosen = {}
+    for name in names:
+        matches = {key: units for key, units in found.items() if key == name or key.startswith(name + "@")}
+        chosen.update(matches or {name: {"service": prefix + name + ".service", "timer": prefix + name + ".timer"}})
+    return chosen
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "names": {"type": "list", "elements": "str", "default": []},
+            "prefix": {"type": "str", "default": "batchq-"},
+            "history": {"type": "int", "default": 5},
+            "log_lines": {"type": "int", "default": 20},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["history"] < 0 or params["log_lines"] < 0:
+        module.fail_json(msg="history and log_lines must not be negative")
+    host = Host(module)
+    chosen = wanted(consumer_units(host.units(params["prefix"]), params["prefix"]), params["names"], params["prefix"])
+    services = host.show([units["service"] for units in chosen.values()], SERVICE_PROPERTIES) if chosen else {}
+    timers = host.show([units["timer"] for units in chosen.values()], TIMER_PROPERTIES) if chosen else {}
+    now_realtime, now_monotonic = time.time(), time.monotonic()
+
+    def read(key):
+        """One consumer's report: its journal reads are independent of the others'."""
+        units = chosen[key]
+        service = services.get(units["service"], {"LoadState": "not-found"})
+        runs = host.runs(units["service"], params["history"]) if service.get("LoadState") == "loaded" else []
+        consumer, said = consumer_report(service, timers.get(units["timer"], {}), runs, [],
+                                         params["history"], now_realtime, now_monotonic)
+        if consumer["last_run"] is not None:
+            consumer["last_run"]["log"] = host.log(consumer["last_run"], params["log_lines"])
+        return key, consumer, said
+
+    # journalctl calls wait mostly on the disk, so a few at once save time.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(read, sorted(chosen)))
+    report = {key: consumer for key, consumer, _ in results}
+    warnings = [warning for _, _, said in results for warning in said]
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(changed=False, consumers=report)
+
+
+if __name__ == "__main__":
+    main()
