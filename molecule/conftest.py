@@ -2,9 +2,15 @@
 
 import pytest
 
-from testlib import all_hosts
+from testlib import FIGURES, all_hosts
 
 
 @pytest.fixture(scope="module")
 def hosts():
     return all_hosts()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures the tests measured, for the README and closing notes."""
+    for text in FIGURES:
+        terminalreporter.write_line("FIGURE " + text)

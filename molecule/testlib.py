@@ -67,9 +67,19 @@ def runs(host, name):
         run = by_invocation.setdefault(record["invocation"], {})
         if record["event"] == "start":
             run.update(record, start=record["time"])
-        else:
-            run.update(end=record["time"], status=record["status"])
+        elif record["event"] == "end":
+            run.update(record, end=record["time"])
+        else:  # anything a run records on its way, e.g. the children it forked
+            run.update({key: value for key, value in record.items() if key not in ("event", "time")})
     return sorted((r for r in by_invocation.values() if "start" in r), key=lambda r: r["start"])
+
+
+FIGURES = []
+
+
+def figure(text):
+    """A measured figure for the README; conftest prints them all at the end of the run."""
+    FIGURES.append(text)
 
 
 def finished(runs_):
@@ -105,7 +115,7 @@ def host_state(host):
         PREFIX, PREFIX, PREFIX)
 
 
-def deploy(consumer_list=None, check=False, background=False, **extra):
+def deploy(consumer_list=None, check=False, background=False, verbose=False, **extra):
     """Run the deploy playbook as a user would; returns the finished process
     (or the running one with background=True)."""
     variables = scenario_vars()
@@ -117,6 +127,8 @@ def deploy(consumer_list=None, check=False, background=False, **extra):
     argv = ["ansible-playbook", "batchq.consumers.deploy_consumers", "-i", INVENTORY, "-e", "@" + handle.name]
     if check:
         argv += ["--check", "--diff"]
+    if verbose:
+        argv += ["--diff", "-vv"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if background:
         return process

@@ -11,6 +11,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_status i
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     normalize_consumers,
+    secret_files,
 )
 
 __metaclass__ = type
@@ -60,6 +61,13 @@ def consumers(value, defaults=None, prefix="batchq-"):
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def consumer_secret_files(value, defaults=None):
+    try:
+        return secret_files(value, defaults or {})
+    except ConsumerSpecError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 def consumer_leftovers(host_paths, normalized, prefix="batchq-", exclusive=False):
     return leftovers(host_paths, normalized, prefix, exclusive)
 
@@ -78,6 +86,7 @@ class FilterModule:
         return {
             "consumers": consumers,
             "consumer_leftovers": consumer_leftovers,
+            "consumer_secret_files": consumer_secret_files,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,
         }

@@ -33,6 +33,7 @@ ITEM_DEFAULTS = {
     "allow_root": False,
     "environment": {},
     "environment_file": None,
+    "secret_environment": {},
     "working_directory": None,
     "writable_paths": [],
     "memory_max": None,
@@ -47,6 +48,7 @@ ITEM_DEFAULTS = {
     "timer_options": {},
 }
 STATES = ("present", "paused", "absent")
+SECRETS_DIR = "/etc/batchq"
 MAX_INSTANCES = 64
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
@@ -214,6 +216,48 @@ def _environment(name, environment):
     return lines
 
 
+def _secret_environment(name, secrets):
+    """Validated secret variables as (key, value) pairs; never part of the normalised consumer."""
+    if not isinstance(secrets, dict):
+        _fail(name, "secret_environment", "must be a dict of NAME: value")
+    pairs = []
+    for key in sorted(secrets):
+        if not ENV_KEY_RE.match(str(key)):
+            _fail(name, "secret_environment", "%r is not a valid variable name" % (key,))
+        value = secrets[key]
+        if isinstance(value, (dict, list, bool)) or value is None:
+            _fail(name, "secret_environment", "value of %s must be a string or number" % key)
+        pairs.append((key, _single_line(name, "secret_environment", value)))
+    return pairs
+
+
+def environment_file_line(key, value):
+    """KEY="value" as systemd's EnvironmentFile= parser reads it back verbatim.
+
+    Inside double quotes that parser takes a backslash followed by a backslash,
+    a double quote, a backtick or a dollar sign as that character, and keeps
+    every other character as it is.
+    """
+    escaped = "".join("\\" + char if char in '\\"`$' else char for char in value)
+    return '%s="%s"\n' % (key, escaped)
+
+
+def secret_files(consumers, defaults=None):
+    """{path: content} of the secret environment files of consumers that keep units.
+
+    Kept apart from normalize_consumers() so that the values only ever pass
+    through a task that is not logged.
+    """
+    files = {}
+    for raw in consumers:
+        item = dict(ITEM_DEFAULTS, **(defaults or {}))
+        item.update(raw)
+        pairs = _secret_environment(item["name"], item["secret_environment"])
+        if pairs and item["state"] != "absent":
+            files["%s/%s.env" % (SECRETS_DIR, item["name"])] = "".join(environment_file_line(k, v) for k, v in pairs)
+    return files
+
+
 def _raw_options(name, field, options):
     if not isinstance(options, dict):
         _fail(name, field, "must be a dict of systemd Setting: value")
@@ -300,6 +344,8 @@ def normalize_consumer(raw, defaults, prefix):
             systemd_quote(word) for word in split_command(name, item["command"])),
         "environment": _environment(name, item["environment"]),
         "environment_file": item["environment_file"] and _absolute_path(name, "environment_file", item["environment_file"]),
+        "secret_names": [key for key, _ in _secret_environment(name, item["secret_environment"])],
+        "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
         "working_directory": item["working_directory"] and _absolute_path(name, "working_directory", item["working_directory"]),
         "writable_paths": [_absolute_path(name, "writable_paths", path) for path in item["writable_paths"]],
         "required_paths": required_paths,

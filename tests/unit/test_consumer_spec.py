@@ -6,6 +6,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec imp
     ConsumerSpecError,
     normalize_consumers,
     parse_timespan,
+    secret_files,
     systemd_environment,
     systemd_quote,
 )
@@ -163,3 +164,33 @@ def test_required_paths_are_listed_for_the_host_check():
         {"field": "environment_file", "path": "/etc/app.env"},
         {"field": "writable_paths", "path": "/srv/out"},
     ]
+
+
+def test_secret_values_stay_out_of_the_normalised_consumer():
+    consumer = one(secret_environment={"TOKEN": "hunter2"})
+    assert "hunter2" not in repr(consumer)
+    assert (consumer["secret_names"], consumer["secret_file"]) == (["TOKEN"], "/etc/batchq/thumbs.env")
+
+
+def test_secret_files_escape_for_systemd_environment_files():
+    files = secret_files([dict(GOOD, secret_environment={"B": 'say "hi" $HOME `id` \\ 100%', "A": 1})])
+    assert files == {"/etc/batchq/thumbs.env": 'A="1"\nB="say \\"hi\\" \\$HOME \\`id\\` \\\\ 100%"\n'}
+
+
+def test_secret_files_only_for_consumers_that_keep_units():
+    consumers = [dict(GOOD, secret_environment={"A": "x"}, state="absent"), dict(GOOD, name="plain")]
+    assert secret_files(consumers) == {}
+
+
+@pytest.mark.parametrize("secrets, words", [
+    ({"A": "x\ny"}, ["'secret_environment'", "newline"]),
+    ({"A-B": "x"}, ["'secret_environment'", "A-B"]),
+    ({"A": None}, ["'secret_environment'", "string"]),
+    (["A=x"], ["'secret_environment'", "dict"]),
+])
+def test_bad_secrets_are_refused_without_echoing_them(secrets, words):
+    with pytest.raises(ConsumerSpecError) as error:
+        normalize_consumers([dict(GOOD, secret_environment=secrets)])
+    for word in words:
+        assert word in str(error.value)
+    assert "x\ny" not in str(error.value)

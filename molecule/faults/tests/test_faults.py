@@ -1,0 +1,89 @@
+"""One bad batch affects only itself: crash storms, hangs, leaks, failures and
+fork bombs, each beside a healthy consumer, judged from the consumers' own
+records and systemd's. Figures are printed as FIGURE lines."""
+
+import pytest
+
+from testlib import consumer_spec, figure, finished, journal, runs, show, timestamp_of, wait_for
+
+WINDOW = 60.0  # seconds of crash storm compared with a healthy consumer
+
+
+def consumer_info(host, name, history=20):
+    result = host.ansible("batchq.consumers.consumer_info", "names=%s history=%d log_lines=5" % (name, history),
+                          check=False)
+    assert result.get("failed") is not True, result
+    return result["consumers"][name]
+
+
+def starts(host, name):
+    return [r["start"] for r in runs(host, name)]
+
+
+def test_crash_storm_is_started_as_often_as_a_healthy_consumer(host):
+    def window():
+        crashes, healthy = starts(host, "crasher"), starts(host, "healthy")
+        begin = max(crashes[0], healthy[0]) if crashes and healthy else None
+        return begin is not None and min(crashes[-1], healthy[-1]) >= begin + WINDOW and begin
+
+    begin = wait_for(window, WINDOW + 90, "%ss of runs of crasher and healthy" % WINDOW, interval=2)
+    crashes = [t for t in starts(host, "crasher") if begin <= t < begin + WINDOW]
+    healthy = [t for t in starts(host, "healthy") if begin <= t < begin + WINDOW]
+    ratio = len(crashes) / len(healthy)
+    figure("%s crash storm: %d crashing starts vs %d healthy in %ds, ratio %.2f" % (
+        host.backend.get_hostname(), len(crashes), len(healthy), WINDOW, ratio))
+    assert ratio >= 0.8, journal(host, "crasher")
+    last = consumer_info(host, "crasher")["last_run"]
+    assert (last["result"], last["exit_status"]) in (("signal", "SEGV"), ("core-dump", "SEGV")), last
+
+
+def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
+    wait_for(lambda: len(runs(host, "hang")) >= 4, 60, "four starts of hang")
+    report = consumer_info(host, "hang")
+    history = list(reversed(report["history"]))
+    assert len(history) >= 3 and all(r["result"] == "timeout" for r in history), report
+    kill_times = [r["duration_s"] for r in history]
+    # durations come from journal stamps, which lag the manager by a little
+    assert all(3.0 - 0.3 <= t <= 3.0 + 1.5 for t in kill_times), kill_times
+    own = {r["invocation"]: r["start"] for r in runs(host, "hang")}
+    gaps = []
+    for previous in history:
+        later = [t for t in own.values() if t > timestamp_of(previous["finished"])]
+        if later:
+            gaps.append(min(later) - timestamp_of(previous["finished"]))
+    assert gaps and all(g <= 1.0 + 0.1 + 2.0 for g in gaps), gaps
+    figure("%s hang: killed after %.2f-%.2fs (timeout 3s), next run %.2f-%.2fs later (interval 1s)" % (
+        host.backend.get_hostname(), min(kill_times), max(kill_times), min(gaps), max(gaps)))
+
+
+def test_memory_leak_is_killed_and_the_next_run_follows(host):
+    wait_for(lambda: len(runs(host, "leak")) >= 3, 60, "three starts of leak")
+    report = consumer_info(host, "leak")
+    assert report["summary"]["runs"] >= 2 and report["summary"]["failures"] == report["summary"]["runs"], report
+    # cgroup v1 (this host) reports the kill as a signal, cgroup v2 as oom-kill
+    assert {r["result"] for r in report["history"]} <= {"oom-kill", "signal"}, report
+    assert all("end" not in r for r in runs(host, "leak")), "a leaking batch finished"
+    healthy = consumer_info(host, "healthy")
+    assert healthy["summary"]["failures"] == 0 and healthy["state"] in ("waiting", "running"), healthy
+    figure("%s leak: %s, %d runs killed, healthy consumer %d/%d runs fine" % (
+        host.backend.get_hostname(), report["history"][0]["result"], report["summary"]["runs"],
+        healthy["summary"]["runs"] - healthy["summary"]["failures"], healthy["summary"]["runs"]))
+
+
+def test_exit_status_3_is_recorded_and_runs_go_on(host):
+    wait_for(lambda: len(finished(runs(host, "exit3"))) >= 3, 60, "three runs of exit3")
+    report = consumer_info(host, "exit3")
+    assert all((r["result"], r["exit_code"], r["exit_status"]) == ("exit-code", "exited", 3)
+               for r in report["history"]), report
+    assert report["state"] in ("failed", "running") and report["summary"]["runs"] >= 3
+
+
+def test_fork_bomb_is_capped_and_leaves_no_process_behind(host):
+    tasks_max = consumer_spec("forker")["tasks_max"]
+    run = wait_for(lambda: [r for r in finished(runs(host, "forker")) if "pids" in r], 60, "a finished forker run")[0]
+    assert 0 < len(run["pids"]) < tasks_max and run["refused"] > 0, run
+    gone = wait_for(lambda: all(not host.file("/proc/%d" % pid).exists for pid in run["pids"]) or None,
+                    15, "the children of a finished batch to be gone")
+    assert gone, journal(host, "forker")
+    figure("%s fork bomb: %d of 30 children forked under tasks_max %d, %d refused, 0 left after the batch" % (
+        host.backend.get_hostname(), len(run["pids"]), tasks_max, run["refused"]))
