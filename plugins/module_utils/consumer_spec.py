@@ -200,34 +200,20 @@ def _timespans(name, item):
     return spans
 
 
-def _environment(name, environment):
-    if not isinstance(environment, dict):
-        _fail(name, "environment", "must be a dict of NAME: value")
-    lines = []
-    for key in sorted(environment):
+def _variables(name, field, variables):
+    """Validated (NAME, value) pairs of an environment or secret_environment dict."""
+    if not isinstance(variables, dict):
+        _fail(name, field, "must be a dict of NAME: value")
+    pairs = []
+    for key in sorted(variables):
         if not ENV_KEY_RE.match(str(key)):
-            _fail(name, "environment", "%r is not a valid variable name" % (key,))
-        value = environment[key]
+            _fail(name, field, "%r is not a valid variable name" % (key,))
+        value = variables[key]
         if isinstance(value, (dict, list)) or value is None:
-            _fail(name, "environment", "value of %s must be a string or number" % key)
+            _fail(name, field, "value of %s must be a string or number" % key)
         if isinstance(value, bool):
             value = "true" if value else "false"
-        lines.append(systemd_environment(key, _single_line(name, "environment", value)))
-    return lines
-
-
-def _secret_environment(name, secrets):
-    """Validated secret variables as (key, value) pairs; never part of the normalised consumer."""
-    if not isinstance(secrets, dict):
-        _fail(name, "secret_environment", "must be a dict of NAME: value")
-    pairs = []
-    for key in sorted(secrets):
-        if not ENV_KEY_RE.match(str(key)):
-            _fail(name, "secret_environment", "%r is not a valid variable name" % (key,))
-        value = secrets[key]
-        if isinstance(value, (dict, list, bool)) or value is None:
-            _fail(name, "secret_environment", "value of %s must be a string or number" % key)
-        pairs.append((key, _single_line(name, "secret_environment", value)))
+        pairs.append((key, _single_line(name, field, value)))
     return pairs
 
 
@@ -252,7 +238,7 @@ def secret_files(consumers, defaults=None):
     for raw in consumers:
         item = dict(ITEM_DEFAULTS, **(defaults or {}))
         item.update(raw)
-        pairs = _secret_environment(item["name"], item["secret_environment"])
+        pairs = _variables(item["name"], "secret_environment", item["secret_environment"])
         if pairs and item["state"] != "absent":
             files["%s/%s.env" % (SECRETS_DIR, item["name"])] = "".join(environment_file_line(k, v) for k, v in pairs)
     return files
@@ -342,9 +328,9 @@ def normalize_consumer(raw, defaults, prefix):
         "timers": [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)],
         "exec_start": None if item["command"] is None else " ".join(
             systemd_quote(word) for word in split_command(name, item["command"])),
-        "environment": _environment(name, item["environment"]),
+        "environment": [systemd_environment(*pair) for pair in _variables(name, "environment", item["environment"])],
         "environment_file": item["environment_file"] and _absolute_path(name, "environment_file", item["environment_file"]),
-        "secret_names": [key for key, _ in _secret_environment(name, item["secret_environment"])],
+        "secret_names": [key for key, _ in _variables(name, "secret_environment", item["secret_environment"])],
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
         "working_directory": item["working_directory"] and _absolute_path(name, "working_directory", item["working_directory"]),
         "writable_paths": [_absolute_path(name, "writable_paths", path) for path in item["writable_paths"]],
