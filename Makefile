@@ -18,9 +18,9 @@ export ANSIBLE_FORCE_COLOR := false
 # copy here, not in the user's home where it would outlive the next build.
 export ANSIBLE_HOME := $(CACHE)/ansible-home
 
-.PHONY: test demo demo-down lint unit molecule images engine collection clean
+.PHONY: test demo demo-down lint sanity unit molecule images engine collection clean
 
-test: lint unit molecule
+test: lint sanity unit molecule
 
 demo: collection images
 	tools/demo.sh up
@@ -57,7 +57,10 @@ lint: collection
 	    || { echo "ansible-doc does not render $$plugin" >&2; exit 1; }; \
 	done; echo "ansible-doc renders every plugin and the role"
 
-unit: $(VENV)/.installed
+sanity: $(VENV)/.installed
+	tools/sanity.sh
+
+unit: collection
 	PYTHONPATH=$(CACHE)/collections pytest tests/unit
 
 molecule: collection images

@@ -330,7 +330,7 @@ def normalize_consumer(raw, defaults, prefix):
             systemd_quote(word) for word in split_command(name, item["command"])),
         "environment": [systemd_environment(*pair) for pair in _variables(name, "environment", item["environment"])],
         "environment_file": item["environment_file"] and _absolute_path(name, "environment_file", item["environment_file"]),
-        "secret_names": [key for key, _ in _variables(name, "secret_environment", item["secret_environment"])],
+        "secret_names": [key for key, value in _variables(name, "secret_environment", item["secret_environment"])],
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
         "working_directory": item["working_directory"] and _absolute_path(name, "working_directory", item["working_directory"]),
         "writable_paths": [_absolute_path(name, "writable_paths", path) for path in item["writable_paths"]],

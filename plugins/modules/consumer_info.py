@@ -47,8 +47,12 @@ attributes:
     details: The module only reads.
   diff_mode:
     support: none
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 author:
-  - batchq.consumers contributors
+  - batchq.consumers contributors (@batchq)
 """
 
 EXAMPLES = r"""
@@ -75,33 +79,70 @@ consumers:
   type: dict
   contains:
     state:
-      description: C(waiting) (timer armed, no batch running), C(running), C(paused) (timer stopped),
-        C(failed) (last run failed) or C(missing) (named but not installed).
+      description:
+        - C(waiting) (timer armed, no batch running), C(running), C(paused) (timer stopped),
+          C(failed) (last run failed) or C(missing) (named but not installed).
       type: str
       sample: waiting
     timer:
       description: The consumer's timer; null when missing.
       type: dict
       contains:
-        enabled: {description: Enabled at boot., type: bool, sample: true}
-        active: {description: Armed now., type: bool, sample: true}
-        last_trigger: {description: When it last started the service (ISO 8601, UTC)., type: str, sample: "2026-11-29T11:58:26Z"}
-        next_run: {description: When it will next start it (ISO 8601, UTC); null when not armed or while a batch runs., type: str,
-                   sample: "2026-11-29T11:59:27.672258Z"}
+        enabled:
+          description: Enabled at boot.
+          type: bool
+          sample: true
+        active:
+          description: Armed now.
+          type: bool
+          sample: true
+        last_trigger:
+          description: When it last started the service, ISO 8601 in UTC.
+          type: str
+          sample: "2026-11-29T11:58:26Z"
+        next_run:
+          description: When it will next start it, ISO 8601 in UTC; null when not armed or while a batch runs.
+          type: str
+          sample: "2026-11-29T11:59:27.672258Z"
     last_run:
       description: The latest finished run; null when the consumer never finished a run.
       type: dict
       contains:
-        invocation_id: {description: systemd's invocation ID of the run., type: str, sample: 38c5427853b64485928f62ecb3a6e0e7}
-        started: {description: Start (ISO 8601, UTC)., type: str, sample: "2026-11-29T11:58:40.645629Z"}
-        finished: {description: End (ISO 8601, UTC)., type: str, sample: "2026-11-29T11:58:43.651733Z"}
-        duration_s: {description: Seconds from start to end., type: float, sample: 3.006}
-        result: {description: "systemd's Result: success, exit-code, signal, timeout, oom-kill, core-dump, ...", type: str, sample: success}
-        exit_code: {description: "How the main process ended: exited, killed or dumped.", type: str, sample: exited}
-        exit_status: {description: The exit status, or the signal name when killed or dumped., type: raw, sample: 0}
-        log: {description: The last O(log_lines) lines that run wrote, oldest first., type: list, elements: str, sample: [processed 100 items]}
+        invocation_id:
+          description: systemd's invocation ID of the run.
+          type: str
+          sample: 38c5427853b64485928f62ecb3a6e0e7
+        started:
+          description: Start, ISO 8601 in UTC.
+          type: str
+          sample: "2026-11-29T11:58:40.645629Z"
+        finished:
+          description: End, ISO 8601 in UTC.
+          type: str
+          sample: "2026-11-29T11:58:43.651733Z"
+        duration_s:
+          description: Seconds from start to end.
+          type: float
+          sample: 3.006
+        result:
+          description: systemd's C(Result), such as C(success), C(exit-code), C(signal), C(timeout), C(oom-kill), C(core-dump).
+          type: str
+          sample: success
+        exit_code:
+          description: How the main process ended, C(exited), C(killed) or C(dumped).
+          type: str
+          sample: exited
+        exit_status:
+          description: The exit status, or the signal name (such as C(SEGV)) when killed or dumped.
+          type: raw
+          sample: 0
+        log:
+          description: The last O(log_lines) lines that run wrote, oldest first.
+          type: list
+          elements: str
+          sample: [processed 100 items]
     running_since:
-      description: When the running batch began (ISO 8601, UTC); null when none runs.
+      description: When the running batch began, ISO 8601 in UTC; null when none runs.
       type: str
       sample: null
     history:
@@ -112,10 +153,22 @@ consumers:
       description: Figures over RV(consumers.history).
       type: dict
       contains:
-        runs: {description: Runs in the history., type: int, sample: 5}
-        failures: {description: Runs whose result was not success., type: int, sample: 1}
-        success_rate: {description: Share of successful runs, 0 to 1; null without runs., type: float, sample: 0.8}
-        mean_duration_s: {description: Mean duration in seconds; null without runs., type: float, sample: 3.004}
+        runs:
+          description: Runs in the history.
+          type: int
+          sample: 5
+        failures:
+          description: Runs whose result was not success.
+          type: int
+          sample: 1
+        success_rate:
+          description: Share of successful runs from 0 to 1; null without runs.
+          type: float
+          sample: 0.8
+        mean_duration_s:
+          description: Mean duration in seconds; null without runs.
+          type: float
+          sample: 3.004
 """
 
 import time
@@ -221,8 +274,8 @@ def main():
     # journalctl calls wait mostly on the disk, so a few at once save time.
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(read, sorted(chosen)))
-    report = {key: consumer for key, consumer, _ in results}
-    warnings = [warning for _, _, said in results for warning in said]
+    report = {key: consumer for key, consumer, said in results}
+    warnings = [warning for key, consumer, said in results for warning in said]
     for warning in warnings:
         module.warn(warning)
     module.exit_json(changed=False, consumers=report)

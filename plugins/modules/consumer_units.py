@@ -48,8 +48,12 @@ attributes:
     details: Units are still verified in check mode; nothing is written, started or stopped.
   diff_mode:
     support: full
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 author:
-  - batchq.consumers contributors
+  - batchq.consumers contributors (@batchq)
 """
 
 EXAMPLES = r"""

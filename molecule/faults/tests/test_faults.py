@@ -2,9 +2,7 @@
 fork bombs, each beside a healthy consumer, judged from the consumers' own
 records and systemd's. Figures are printed as FIGURE lines."""
 
-import pytest
-
-from testlib import consumer_spec, figure, finished, journal, runs, show, timestamp_of, wait_for
+from testlib import consumer_spec, figure, finished, journal, runs, timestamp_of, wait_for
 
 WINDOW = 60.0  # seconds of crash storm compared with a healthy consumer
 

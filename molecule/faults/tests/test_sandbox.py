@@ -4,7 +4,7 @@ protection can be lifted alone, and secrets stay out of units and output."""
 import hashlib
 import re
 
-from testlib import consumer_spec, deploy, figure, finished, journal, runs, scenario_vars, wait_for
+from testlib import consumer_spec, deploy, figure, finished, runs, scenario_vars, wait_for
 
 SANDBOXED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit", "dormant"]
 

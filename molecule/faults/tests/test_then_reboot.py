@@ -31,4 +31,3 @@ def test_enabled_consumers_run_after_a_reboot_and_paused_stay_paused(host):
         "ActiveState": "inactive", "UnitFileState": "disabled"}
     figure("%s reboot: first runs %.1f-%.1fs after the timers started (start_delay %gs); paused stayed paused" % (
         name, min(delays.values()), max(delays.values()), start_delay))
-
