@@ -2,12 +2,18 @@
 
 import pytest
 
-from testlib import FIGURES, all_hosts
+from testlib import FIGURES, all_hosts, release_held
 
 
 @pytest.fixture(scope="module")
 def hosts():
     return all_hosts()
+
+
+@pytest.fixture
+def release_held_batch(hosts):
+    yield
+    release_held(hosts)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -4,6 +4,7 @@ Every wait is on a condition with a deadline; every failed assertion about a
 consumer carries that consumer's journal, so a red run explains itself.
 """
 
+import copy
 import json
 import os
 import pathlib
@@ -134,3 +135,60 @@ def deploy(consumer_list=None, check=False, background=False, verbose=False, **e
         return process
     process.output = process.communicate(timeout=900)[0]
     return process
+
+
+def consumers(**changes):
+    """The scenario's consumer list with fields of some consumers changed."""
+    result = copy.deepcopy(scenario_vars()["consumer_list"])
+    for consumer in result:
+        consumer.update(changes.get(consumer["name"], {}))
+    return result
+
+
+def assert_deployed(process):
+    assert process.returncode == 0, process.output
+
+
+# The scenarios' "long" consumer holds its batch until the test releases it,
+# so "still running" is a fact the test controls, not a race against the clock.
+def start_held_batch(hosts, tag):
+    for host in hosts:
+        host.check_output("rm -f /var/lib/batchq/long/release && systemctl start --no-block batchq-long.service")
+    for host in hosts:
+        wait_for(lambda: [r for r in runs(host, "long") if r["tag"] == tag and "end" not in r],
+                 30, "a running %s batch of long on %s" % (tag, host.backend.get_hostname()))
+
+
+def release_batch(hosts, tag):
+    for host in hosts:
+        host.check_output("touch /var/lib/batchq/long/release")
+    for host in hosts:
+        run = wait_for(lambda: [r for r in finished(runs(host, "long")) if r["tag"] == tag],
+                       30, "the end of the %s batch" % tag)[-1]
+        assert run["status"] == 0, journal(host, "long")
+
+
+def release_held(hosts):
+    """Let a held batch go, so that a failed test does not hold the next one up."""
+    for host in hosts:
+        host.run("[ \"$(systemctl show -P ActiveState batchq-long.service)\" = activating ] "
+                 "&& touch /var/lib/batchq/long/release")
+
+
+def assert_running(hosts):
+    for host in hosts:
+        state = show(host, "batchq-long.service", "ActiveState")["ActiveState"]
+        assert state == "activating", "batch is %s%s" % (state, journal(host, "long"))
+
+
+def redeploy_during_a_held_batch(hosts):
+    """Deploy a changed command while a batch runs: it finishes (its own end
+    record is written) and the next run uses the new command."""
+    start_held_batch(hosts, "v1")
+    changed = consumers(long={"command": "/usr/local/bin/batchq-probe run --hold --tag v2"})
+    assert_deployed(deploy(changed))
+    assert_running(hosts)
+    release_batch(hosts, "v1")
+    start_held_batch(hosts, "v2")
+    release_batch(hosts, "v2")
+    assert_deployed(deploy())  # back to v1 for the tests that follow

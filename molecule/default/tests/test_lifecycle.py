@@ -5,67 +5,20 @@ The "long" consumer holds its batch until the test releases it, so "still
 running" is a fact the test controls, not a race against the clock.
 """
 
-import copy
-
 import pytest
 
-from testlib import PREFIX, deploy, finished, host_state, journal, runs, scenario_vars, show, wait_for
+from testlib import (PREFIX, assert_deployed, assert_running, consumers, deploy, host_state, journal,
+                     redeploy_during_a_held_batch,
+                     release_batch, runs, show, start_held_batch, wait_for)
 
 UNIT_DIR = "/etc/systemd/system"
 
 
-def consumers(**changes):
-    """The scenario's consumer list with fields of some consumers changed."""
-    result = copy.deepcopy(scenario_vars()["consumer_list"])
-    for consumer in result:
-        consumer.update(changes.get(consumer["name"], {}))
-    return result
-
-
-def assert_deployed(process):
-    assert process.returncode == 0, process.output
-
-
-@pytest.fixture(autouse=True)
-def release_on_failure(hosts):
-    """A failed test must not leave a batch held for the next one."""
-    yield
-    for host in hosts:
-        host.run("[ \"$(systemctl show -P ActiveState batchq-long.service)\" = activating ] && touch /var/lib/batchq/long/release")
-
-
-def start_held_batch(hosts, tag):
-    for host in hosts:
-        host.check_output("rm -f /var/lib/batchq/long/release && systemctl start --no-block batchq-long.service")
-    for host in hosts:
-        wait_for(lambda: [r for r in runs(host, "long") if r["tag"] == tag and "end" not in r],
-                 30, "a running %s batch of long on %s" % (tag, host.backend.get_hostname()))
-
-
-def release_batch(hosts, tag):
-    for host in hosts:
-        host.check_output("touch /var/lib/batchq/long/release")
-    for host in hosts:
-        run = wait_for(lambda: [r for r in finished(runs(host, "long")) if r["tag"] == tag],
-                       30, "the end of the %s batch" % tag)[-1]
-        assert run["status"] == 0, journal(host, "long")
-
-
-def assert_running(hosts):
-    for host in hosts:
-        state = show(host, "batchq-long.service", "ActiveState")["ActiveState"]
-        assert state == "activating", "batch is %s%s" % (state, journal(host, "long"))
+pytestmark = pytest.mark.usefixtures("release_held_batch")
 
 
 def test_redeploy_lets_the_running_batch_finish_and_next_run_is_new(hosts):
-    start_held_batch(hosts, "v1")
-    changed = consumers(long={"command": "/usr/local/bin/batchq-probe run --hold --tag v2"})
-    assert_deployed(deploy(changed))
-    assert_running(hosts)
-    release_batch(hosts, "v1")
-    start_held_batch(hosts, "v2")
-    release_batch(hosts, "v2")
-    assert_deployed(deploy())  # back to v1 for the tests that follow
+    redeploy_during_a_held_batch(hosts)
 
 
 def test_pause_keeps_units_and_the_running_batch_and_resume_restarts(hosts):

@@ -6,7 +6,7 @@ import re
 
 from testlib import consumer_spec, deploy, figure, finished, runs, scenario_vars, wait_for
 
-SANDBOXED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit", "dormant"]
+SANDBOXED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit", "dormant", "long"]
 
 
 def test_every_service_scores_at_most_2_and_runs_as_batchq(host):

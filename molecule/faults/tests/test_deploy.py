@@ -1,0 +1,10 @@
+"""A deploy during a batch: the batch is not killed, the next run is new."""
+
+import pytest
+
+from testlib import redeploy_during_a_held_batch
+
+
+@pytest.mark.usefixtures("release_held_batch")
+def test_deploy_with_a_changed_command_during_a_batch(hosts):
+    redeploy_during_a_held_batch(hosts)
