@@ -15,7 +15,6 @@ import shlex
 
 __metaclass__ = type
 
-SERVICE_KEYS = ("memory_max", "cpu_quota", "tasks_max", "nice", "io_weight")
 TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout")
 
 # Built-in default of every key a consumer may carry; the user's
@@ -182,7 +181,8 @@ def systemd_environment(key, value):
     return '"%s"' % escaped.replace("%", "%%")
 
 
-def _timespans(name, item):
+def _check_timespans(name, item):
+    """Fail unless every time span is one systemd takes and the role can use."""
     spans = {}
     for field in TIME_KEYS:
         value = item[field]
@@ -197,7 +197,6 @@ def _timespans(name, item):
         _fail(name, "interval", "must be longer than 0")
     if spans["timeout"] <= 0:
         _fail(name, "timeout", "must be longer than 0 (systemd reads 0 as no timeout; write 'infinity' for that)")
-    return spans
 
 
 def _variables(name, field, variables):
@@ -311,6 +310,7 @@ def normalize_consumer(raw, defaults, prefix):
     if not isinstance(item["writable_paths"], list):
         _fail(name, "writable_paths", "must be a list of absolute paths")
 
+    _check_timespans(name, item)
     required_paths = [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
     ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
@@ -321,10 +321,8 @@ def normalize_consumer(raw, defaults, prefix):
         "name": name,
         "state": item["state"],
         "instances": instances,
-        "unit": unit,
         "service_unit": service,
         "timer_unit": timer,
-        "unit_files": [service, timer],
         "timers": [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)],
         "exec_start": None if item["command"] is None else " ".join(
             systemd_quote(word) for word in split_command(name, item["command"])),
@@ -339,7 +337,6 @@ def normalize_consumer(raw, defaults, prefix):
         "group": str(item["group"]),
         "hardening": hardening,
         "spans": {field: str(item[field]).strip() for field in TIME_KEYS},
-        "timeout_seconds": _timespans(name, item)["timeout"],
         "resources": _resources(name, item),
         "service_options": _raw_options(name, "service_options", item["service_options"]),
         "timer_options": _raw_options(name, "timer_options", item["timer_options"]),

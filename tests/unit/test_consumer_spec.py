@@ -49,7 +49,7 @@ def test_defaults_of_a_minimal_consumer():
 
 def test_instances_make_template_units_and_one_timer_each():
     consumer = one(instances=3)
-    assert consumer["unit_files"] == ["batchq-thumbs@.service", "batchq-thumbs@.timer"]
+    assert [consumer["service_unit"], consumer["timer_unit"]] == ["batchq-thumbs@.service", "batchq-thumbs@.timer"]
     assert consumer["timers"] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer", "batchq-thumbs@3.timer"]
 
 
