@@ -12,12 +12,7 @@ export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
 work=$(mktemp -d)
 trap 'docker rm -f $host >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
-docker rm -f $host >/dev/null 2>&1 || true
-docker run -d --name $host --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add NET_ADMIN --cap-add SYS_NICE \
-  --security-opt seccomp=unconfined --security-opt apparmor=unconfined --cgroupns=host \
-  -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
-  "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}" /lib/systemd/systemd >/dev/null
-docker exec $host systemctl is-system-running --wait >/dev/null 2>&1 || true
+tools/systemd-container.sh $host "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
 
 printf 'consumers:\n  hosts:\n    %s:\n      ansible_connection: community.docker.docker\n' $host >"$work/inventory.yml"
 {

@@ -16,16 +16,7 @@ down() {
 
 up() {
   for i in "${!hosts[@]}"; do
-    docker rm -f "${hosts[$i]}" >/dev/null 2>&1 || true
-    # systemd as PID 1 without --privileged (SYSTEMD_FACTS.md §16)
-    docker run -d --name "${hosts[$i]}" --hostname "${hosts[$i]}" \
-      --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add NET_ADMIN --cap-add SYS_NICE \
-      --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
-      --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
-      "${images[$i]}" /lib/systemd/systemd >/dev/null
-  done
-  for host in "${hosts[@]}"; do
-    docker exec "$host" systemctl is-system-running --wait >/dev/null || true
+    tools/systemd-container.sh "${hosts[$i]}" "${images[$i]}"
   done
   echo "demo fleet is up: ${hosts[*]}"
   ansible-playbook -i demo/inventory.yml batchq.consumers.deploy_consumers
