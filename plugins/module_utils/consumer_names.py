@@ -1,0 +1,38 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Names the role, the modules and the filters must agree on, defined once."""
+
+from __future__ import annotations
+
+import re
+
+__metaclass__ = type
+
+DEFAULT_PREFIX = "batchq-"
+# The account consumers run as unless they name another; the role creates it.
+DEFAULT_ACCOUNT = "batchq"
+# secret_environment goes into SECRETS_DIR/<name>.env (mode 0600, root), never into a unit.
+SECRETS_DIR = "/etc/batchq"
+UNIT_DIR = "/etc/systemd/system"
+
+# A consumer's units: <prefix><name>.service/.timer, or with instances the
+# templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*
+_UNIT_PATTERN = (r"^%s(?P<name>[a-z0-9][a-z0-9_-]*)(?P<at>@(?P<instance>[^.]*))?"
+                 r"\.(?P<kind>service|timer)(?P<dropin>\.d)?$")
+
+
+def unit_re(prefix=DEFAULT_PREFIX):
+    """A regex for the unit files (and drop-in folders) of consumers with prefix."""
+    return re.compile(_UNIT_PATTERN % re.escape(prefix))
+
+
+def starter_unit(timer):
+    """The transient timer that starts a consumer's timer after its start_delay.
+
+    batchq-x.timer -> batchq-x.start.timer, batchq-x@2.timer -> batchq-x.2.start.timer:
+    the dot keeps it outside unit_re(), so nothing takes it for a consumer, and
+    no "@" keeps it from being an instance of the consumer's template.
+    """
+    stem = timer[:-len(".timer")] if timer.endswith(".timer") else timer
+    return stem.replace("@", ".") + ".start.timer"
