@@ -192,3 +192,13 @@ def redeploy_during_a_held_batch(hosts):
     start_held_batch(hosts, "v2")
     release_batch(hosts, "v2")
     assert_deployed(deploy())  # back to v1 for the tests that follow
+
+
+def scheduled_starts(host, timer):
+    """When the role scheduled the start of timer (its transient starter was
+    started), seconds since the epoch, oldest first."""
+    starter = timer[:-len(".timer")].replace("@", ".") + ".start.timer"
+    out = host.check_output("journalctl --no-pager -o json --output-fields=JOB_TYPE,JOB_RESULT UNIT=%s", starter)
+    entries = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in entries
+            if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done"]

@@ -7,15 +7,26 @@ files found there and the consumers the user wants."""
 from __future__ import annotations
 
 import posixpath
-import re
+
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit, unit_re
 
 __metaclass__ = type
 
 
-def _unit_re(prefix):
-    return re.compile(
-        r"^%s(?P<name>[a-z0-9][a-z0-9_-]*)(?P<at>@(?P<instance>[^.]*))?"
-        r"\.(?P<kind>service|timer)(?P<dropin>\.d)?$" % re.escape(prefix))
+def loaded_only(unit):
+    """A pattern that matches exactly unit, and only while systemd has it loaded.
+
+    `systemctl stop NAME` fails when no such unit exists (a consumer with
+    instances has no plain NAME.timer); a glob that matches nothing does not.
+    """
+    return "%s[%s]" % (unit[:-1], unit[-1])
+
+
+def _timers_of(prefix, name, template):
+    """Stop patterns for a consumer's timers of one shape and their scheduled starts."""
+    unit = prefix + name
+    timers = unit + "@*.timer" if template else loaded_only(unit + ".timer")
+    return {timers, unit + ".*start.timer"}
 
 
 def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
@@ -24,16 +35,17 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
     host_paths: paths below /etc/systemd/system whose names start with prefix
     (unit files, drop-in folders and the symlinks in *.wants folders).
     consumers: the normalised consumers (see consumer_spec.normalize_consumers).
-    Returns a dict with sorted lists: ``stop`` (timer units or globs), ``drain``
+    Returns a dict with sorted lists: ``stop`` (timer globs that match only
+    loaded units, for `systemctl stop`), ``drain``
     (service units or globs whose running batch is waited for), ``remove``
     (paths) and ``removed`` (names of consumers that go away entirely).
     """
     wanted = {c["name"]: c for c in consumers if c["state"] != "absent"}
     listed = {c["name"] for c in consumers}
-    unit_re = _unit_re(prefix)
+    pattern = unit_re(prefix)
     stop, drain, remove, removed = set(), set(), set(), set()
     for path in host_paths:
-        match = unit_re.match(posixpath.basename(path.rstrip("/")))
+        match = pattern.match(posixpath.basename(path.rstrip("/")))
         if not match:
             continue
         name, kind = match.group("name"), match.group("kind")
@@ -43,7 +55,7 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
             if name not in listed and not exclusive:
                 continue
             removed.add(name)
-            stop.update([prefix + name + ".timer", prefix + name + "@*.timer"])
+            stop.update(_timers_of(prefix, name, template))
             drain.update([prefix + name + ".service", prefix + name + "@*.service"])
             remove.add(path)
             continue
@@ -52,15 +64,14 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
             continue  # the user's own drop-ins of a consumer that stays
         if in_wants:
             if kind == "timer" and posixpath.basename(path) not in consumer["timers"]:
-                stop.add(posixpath.basename(path))
+                stop.update([loaded_only(posixpath.basename(path)), loaded_only(starter_unit(posixpath.basename(path)))])
                 remove.add(path)
             continue
         if posixpath.basename(path) in (consumer["service_unit"], consumer["timer_unit"]):
             continue
         # A unit of the other shape (plain vs. template) after instances changed.
-        glob = prefix + name + ("@*" if template else "")
-        stop.add(glob + ".timer")
-        drain.add(glob + ".service")
+        stop.update(_timers_of(prefix, name, template))
+        drain.add(prefix + name + ("@*" if template else "") + ".service")
         remove.add(path)
     return {
         "stop": sorted(stop),

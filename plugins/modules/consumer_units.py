@@ -20,6 +20,11 @@ description:
     the module before anything is written.
   - It also enables and starts, or stops and disables, timers. Stopping a timer never stops a
     batch that is running.
+  - A timer is not started at once but O(start[].delay) later, by a transient timer
+    C(<unit>.start.timer) (C(batchq-x.start.timer) for C(batchq-x.timer), C(batchq-x.2.start.timer)
+    for C(batchq-x@2.timer)) that runs C(systemctl start) on it. The consumer timers have no
+    C(OnActiveSec=), which every C(daemon-reload) re-arms; their C(OnBootSec=) elapses at once
+    when the timer is started after boot, so the first batch comes O(start[].delay) after the deploy.
   - One call does for all consumers what a loop of template and systemd tasks would do with many
     round trips to the host.
 options:
@@ -33,15 +38,36 @@ options:
     type: path
     default: /etc/systemd/system
   start:
-    description: Timers to enable and start.
+    description:
+      - Timers to enable and start. A timer that is already active, or whose start is already
+        scheduled, is left alone.
     type: list
-    elements: str
+    elements: dict
     default: []
+    suboptions:
+      timer:
+        description: The timer unit.
+        type: str
+        required: true
+      delay:
+        description: A systemd time span after which the timer starts; C(0) starts it now.
+        type: str
+        default: "0"
+      accuracy:
+        description: How late systemd may start it (C(AccuracySec=) of the transient timer).
+        type: str
+        default: 1s
   stop:
-    description: Timers to stop and disable.
+    description: Timers to stop and disable, with a start that is still scheduled.
     type: list
     elements: str
     default: []
+  verify:
+    description:
+      - Check O(units) with C(systemd-analyze verify) before writing them. Set it to V(false)
+        only when the same content was verified on this host just before (the role's preflight).
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
@@ -63,7 +89,8 @@ EXAMPLES = r"""
       batchq-thumbs.service: "{{ lookup('ansible.builtin.template', 'consumer.service.j2') }}"
       batchq-thumbs.timer: "{{ lookup('ansible.builtin.template', 'consumer.timer.j2') }}"
     start:
-      - batchq-thumbs.timer
+      - timer: batchq-thumbs.timer
+        delay: 5s
 """
 
 RETURN = r"""
@@ -74,7 +101,7 @@ written:
   elements: str
   sample: [batchq-thumbs.service]
 started:
-  description: Timers that were enabled or started.
+  description: Timers that were enabled, started, or whose start was scheduled.
   returned: always
   type: list
   elements: str
@@ -92,13 +119,15 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import parse_show
 
 LANG_C = {"LANG": "C", "LC_ALL": "C"}
 
 
 def read(path):
     try:
-        with open(path) as handle:
+        with open(path, encoding="utf-8") as handle:
             return handle.read()
     except FileNotFoundError:
         return None
@@ -110,7 +139,7 @@ def verify(module, units):
     staging = tempfile.mkdtemp(prefix="batchq-verify.")
     try:
         for name, content in units.items():
-            with open(os.path.join(staging, name), "w") as handle:
+            with open(os.path.join(staging, name), "w", encoding="utf-8") as handle:
                 handle.write(content)
         paths = [os.path.join(staging, name) for name in sorted(units)]
         rc, out, err = module.run_command([analyze, "verify", "--"] + paths, environ_update=LANG_C)
@@ -137,7 +166,7 @@ def install(module, units, unit_dir):
                       "before_header": path if before is not None else "/dev/null", "after_header": path})
         if not module.check_mode:
             handle, temporary = tempfile.mkstemp(dir=unit_dir, prefix=".batchq.")
-            with os.fdopen(handle, "w") as stream:
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
                 stream.write(units[name])
             os.chmod(temporary, 0o644)
             module.atomic_move(temporary, path)
@@ -146,31 +175,59 @@ def install(module, units, unit_dir):
     return written, diffs
 
 
-def timer_states(module, timers):
-    """{timer: (UnitFileState, ActiveState)} in one systemctl call."""
-    if not timers:
+def unit_states(module, units):
+    """{unit: (UnitFileState, ActiveState)} in one systemctl call."""
+    if not units:
         return {}
     rc, out, err = module.run_command(
         [module.get_bin_path("systemctl", required=True), "show", "--property=Id,UnitFileState,ActiveState", "--"]
-        + timers, environ_update=LANG_C, check_rc=True)
-    states = {}
-    for block in out.strip().split("\n\n"):
-        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        states[fields.get("Id")] = (fields.get("UnitFileState", ""), fields.get("ActiveState", ""))
-    return states
+        + units, environ_update=LANG_C, check_rc=True)
+    return {unit: (fields.get("UnitFileState", ""), fields.get("ActiveState", ""))
+            for unit, fields in parse_show(out).items()}
+
+
+def schedule_start(module, timer, delay, accuracy):
+    """Start timer after delay by a transient timer that outlives this module run."""
+    systemctl = module.get_bin_path("systemctl", required=True)
+    if delay.strip() in ("0", "0s", ""):
+        module.run_command([systemctl, "start", "--", timer], check_rc=True)
+        return
+    starter = starter_unit(timer)
+    # A starter that elapsed is unloaded (RemainAfterElapse=no, --collect); one
+    # that failed would block the name, so it is cleared first.
+    module.run_command([systemctl, "reset-failed", "--", starter, starter.replace(".timer", ".service")])
+    module.run_command([
+        module.get_bin_path("systemd-run", required=True), "--quiet",
+        "--unit=" + starter[:-len(".timer")], "--description=Start %s after its start_delay" % timer,
+        "--on-active=" + delay, "--timer-property=AccuracySec=" + accuracy,
+        "--timer-property=RemainAfterElapse=no", "--collect",
+        "--", systemctl, "start", "--no-block", timer], check_rc=True)
 
 
 def switch_timers(module, start, stop):
     systemctl = module.get_bin_path("systemctl", required=True)
-    states = timer_states(module, start + stop)
-    to_start = [t for t in start if states.get(t) != ("enabled", "active")]
-    to_stop = [t for t in stop if states.get(t, ("", ""))[0] == "enabled" or states.get(t, ("", ""))[1] == "active"]
+    timers = [entry["timer"] for entry in start] + stop
+    states = unit_states(module, timers + [starter_unit(timer) for timer in timers])
+
+    def active(unit):
+        return states.get(unit, ("", ""))[1] in ("active", "activating")
+
+    to_enable = [e["timer"] for e in start if states.get(e["timer"], ("", ""))[0] != "enabled"]
+    to_schedule = [e for e in start if not active(e["timer"]) and not active(starter_unit(e["timer"]))]
+    to_stop = [t for t in stop if states.get(t, ("", ""))[0] == "enabled" or active(t) or active(starter_unit(t))]
     if not module.check_mode:
-        if to_start:
-            module.run_command([systemctl, "enable", "--now", "--"] + to_start, check_rc=True)
+        # Enabling reloads systemd; schedule the starts after it.
+        if to_enable:
+            module.run_command([systemctl, "enable", "--"] + to_enable, check_rc=True)
+        for entry in to_schedule:
+            schedule_start(module, entry["timer"], entry["delay"], entry["accuracy"])
         if to_stop:
+            starters = [starter_unit(t) for t in to_stop if active(starter_unit(t))]
+            if starters:
+                module.run_command([systemctl, "stop", "--"] + starters, check_rc=True)
             module.run_command([systemctl, "disable", "--now", "--"] + to_stop, check_rc=True)
-    return to_start, to_stop
+    started = sorted(set(to_enable) | {e["timer"] for e in to_schedule})
+    return started, to_stop
 
 
 def main():
@@ -178,7 +235,12 @@ def main():
         argument_spec={
             "units": {"type": "dict", "default": {}},
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
-            "start": {"type": "list", "elements": "str", "default": []},
+            "verify": {"type": "bool", "default": True},
+            "start": {"type": "list", "elements": "dict", "default": [], "options": {
+                "timer": {"type": "str", "required": True},
+                "delay": {"type": "str", "default": "0"},
+                "accuracy": {"type": "str", "default": "1s"},
+            }},
             "stop": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
@@ -187,7 +249,7 @@ def main():
     for name in units:
         if "/" in name or name.startswith("."):
             module.fail_json(msg="%r is not a unit file name" % name)
-    if units:
+    if units and module.params["verify"]:
         verify(module, units)
     written, diffs = install(module, units, module.params["unit_dir"])
     started, stopped = switch_timers(module, module.params["start"], module.params["stop"])

@@ -22,7 +22,8 @@ def test_absent_consumer_goes_entirely_with_drop_ins_and_symlinks():
     result = leftovers(found, consumers({"name": "a", "state": "absent"}, {"name": "b"}))
     assert result["removed"] == ["a"]
     assert result["remove"] == sorted(found[:4])
-    assert result["stop"] == ["batchq-a.timer", "batchq-a@*.timer"]
+    # only the shape found on the host: systemd answers 5 for a stop of a unit it does not know
+    assert result["stop"] == ["batchq-a.*start.timer", "batchq-a.time[r]"]
     assert result["drain"] == ["batchq-a.service", "batchq-a@*.service"]
 
 
@@ -37,13 +38,13 @@ def test_unlisted_consumers_stay_unless_exclusive():
 def test_fewer_instances_stop_the_extra_timers_only():
     found = [D + "/batchq-a@.service", D + "/batchq-a@.timer"] + [WANTS + "/batchq-a@%d.timer" % i for i in (1, 2, 3)]
     result = leftovers(found, consumers({"name": "a", "instances": 2}))
-    assert result == {"stop": ["batchq-a@3.timer"], "drain": [], "remove": [WANTS + "/batchq-a@3.timer"], "removed": []}
+    assert result == {"stop": ["batchq-a.3.start.time[r]", "batchq-a@3.time[r]"], "drain": [], "remove": [WANTS + "/batchq-a@3.timer"], "removed": []}
 
 
 def test_switching_to_instances_retires_the_plain_units():
     found = [D + "/batchq-a.service", D + "/batchq-a.timer", WANTS + "/batchq-a.timer", D + "/batchq-a@.service"]
     result = leftovers(found, consumers({"name": "a", "instances": 2}))
-    assert result["stop"] == ["batchq-a.timer"]
+    assert result["stop"] == ["batchq-a.*start.timer", "batchq-a.start.time[r]", "batchq-a.time[r]"]
     assert result["drain"] == ["batchq-a.service"]
     assert result["remove"] == [D + "/batchq-a.service", D + "/batchq-a.timer", WANTS + "/batchq-a.timer"]
     assert result["removed"] == []
@@ -53,3 +54,20 @@ def test_names_sharing_a_beginning_are_told_apart():
     found = [D + "/batchq-a-b.service", D + "/batchq-a.service"]
     result = leftovers(found, consumers({"name": "a"}, {"name": "a-b", "state": "absent"}))
     assert result["remove"] == [D + "/batchq-a-b.service"]
+
+
+def test_removing_a_consumer_with_instances_names_no_plain_unit():
+    found = [D + "/batchq-a@.service", D + "/batchq-a@.timer", WANTS + "/batchq-a@1.timer", WANTS + "/batchq-a@2.timer"]
+    result = leftovers(found, consumers({"name": "a", "state": "absent"}))
+    assert result["stop"] == ["batchq-a.*start.timer", "batchq-a@*.timer"]
+    assert result["remove"] == sorted(found)
+
+
+def test_stop_patterns_match_only_their_own_unit():
+    import fnmatch
+    from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import loaded_only
+    assert fnmatch.fnmatchcase("batchq-a.timer", loaded_only("batchq-a.timer"))
+    assert not fnmatch.fnmatchcase("batchq-ab.timer", loaded_only("batchq-a.timer"))
+    assert not fnmatch.fnmatchcase("batchq-a.timers", loaded_only("batchq-a.timer"))
+    assert fnmatch.fnmatchcase("batchq-a.2.start.timer", "batchq-a.*start.timer")
+    assert not fnmatch.fnmatchcase("batchq-a-b.start.timer", "batchq-a.*start.timer")

@@ -9,7 +9,7 @@ import pytest
 
 from testlib import (PREFIX, assert_deployed, assert_running, consumers, deploy, host_state, journal,
                      redeploy_during_a_held_batch,
-                     release_batch, runs, show, start_held_batch, wait_for)
+                     release_batch, runs, scheduled_starts, show, start_held_batch, wait_for)
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -37,12 +37,16 @@ def test_pause_keeps_units_and_the_running_batch_and_resume_restarts(hosts):
         assert paused_count - count <= 1, journal(host, "serial")
     release_batch(hosts, "v1")
 
+    before = {host: len(runs(host, "serial")) for host in hosts}
     assert_deployed(deploy())
     for host in hosts:
-        assert show(host, "batchq-serial.timer", "ActiveState", "UnitFileState") == {
-            "ActiveState": "active", "UnitFileState": "enabled"}
-        before = len(runs(host, "serial"))
-        wait_for(lambda: len(runs(host, "serial")) > before, 30, "serial to run again after resume")
+        assert show(host, "batchq-serial.timer", "UnitFileState") == {"UnitFileState": "enabled"}
+        resumed = wait_for(lambda: runs(host, "serial")[before[host]:], 30, "serial to run again after resume")[0]
+        # the first batch after a resume waits start_delay (1s), like one after a fresh deploy
+        assert resumed["start"] - scheduled_starts(host, "batchq-serial.timer")[-1] >= 1.0 - 0.5, journal(
+            host, "serial")
+        wait_for(lambda: show(host, "batchq-serial.timer", "ActiveState") == {"ActiveState": "active"},
+                 30, "the serial timer to be active again")
 
 
 def test_absent_waits_for_the_batch_then_leaves_nothing_behind(hosts):
@@ -63,6 +67,17 @@ def test_absent_waits_for_the_batch_then_leaves_nothing_behind(hosts):
         assert left == "", left
         assert show(host, "batchq-long.service", "LoadState")["LoadState"] == "not-found"
         assert host.file("/var/lib/batchq/long/runs.jsonl").exists  # data is kept
+
+
+def test_absent_removes_a_consumer_with_instances(hosts):
+    """There is no plain batchq-parallel.timer to stop: the removal must not trip on it."""
+    assert_deployed(deploy(consumers(long={"state": "absent"}, parallel={"state": "absent"})))
+    for host in hosts:
+        left = host.run("find /etc/systemd /run/systemd/system -name 'batchq-parallel*'").stdout
+        assert left == "", left
+        wait_for(lambda: host.run("systemctl list-units --all --plain --no-legend 'batchq-parallel*'").stdout.strip() == "",
+                 30, "systemd to forget the units of parallel")
+    assert_deployed(deploy(consumers(long={"state": "absent"})))  # back for the tests that follow
 
 
 def test_exclusive_removes_unlisted_consumers_only(hosts):

@@ -1,18 +1,44 @@
 """The timer fires on a fresh host, serializes, and runs instances in parallel,
 judged from the timestamps the consumers wrote themselves."""
 
-from testlib import consumer_spec, finished, journal, runs, show, timestamp, wait_for
+import time
+
+from testlib import (assert_deployed, consumer_spec, consumers, deploy, finished, journal, runs,
+                     scheduled_starts, show, wait_for)
 
 MARGIN = 3.0  # seconds of slack for a loaded CI machine
 
 
 def test_first_run_follows_start_delay(host):
-    timer = show(host, "batchq-fresh.timer", "ActiveEnterTimestamp")
-    started = timestamp(timer["ActiveEnterTimestamp"])
+    scheduled = wait_for(lambda: scheduled_starts(host, "batchq-fresh.timer"), 30, "the start of fresh to be scheduled")
     first = wait_for(lambda: runs(host, "fresh"), 30, "the first run of fresh")[0]
-    delay = first["start"] - started
-    assert 3.0 - 0.5 <= delay <= 3.0 + 1.0 + MARGIN, "first run %.2fs after the timer started%s" % (
+    delay = first["start"] - scheduled[0]
+    assert 3.0 - 0.5 <= delay <= 3.0 + 1.0 + MARGIN, "first run %.2fs after the deploy scheduled it%s" % (
         delay, journal(host, "fresh"))
+
+
+def test_a_deploy_or_reload_does_not_run_unchanged_consumers_again(hosts):
+    """systemd re-arms OnActiveSec= on every daemon-reload (SYSTEMD_FACTS §8):
+    the timers have none, so a deploy that changes another consumer, and a
+    reload by anyone, leave a consumer that has just run waiting its interval."""
+    for host in hosts:
+        wait_for(lambda: finished(runs(host, "fresh")), 30, "fresh to finish its first run")
+    before = {host: len(runs(host, "fresh")) for host in hosts}
+    bystander = {"name": "bystander", "command": "/usr/local/bin/batchq-probe run", "start_delay": "1s"}
+    assert_deployed(deploy(consumers(long={"state": "absent"}) + [bystander]))
+    for host in hosts:
+        host.check_output("systemctl daemon-reload")
+    reloaded_at = time.time()
+    # The new consumer's first run shows that deploys still start consumers after start_delay.
+    for host in hosts:
+        first = wait_for(lambda: runs(host, "bystander"), 30, "the first run of the new consumer")[0]
+        assert first["start"] - scheduled_starts(host, "batchq-bystander.timer")[-1] >= 1.0 - 0.5, journal(
+            host, "bystander")
+    # A re-armed fresh would run start_delay (3s) after the reload. Nothing
+    # can be waited on for a run that must not come: watch a window well past it.
+    time.sleep(max(0.0, reloaded_at + 3.0 + 1.0 + 2 * MARGIN - time.time()))
+    for host in hosts:
+        assert len(runs(host, "fresh")) == before[host], "fresh ran again after a deploy%s" % journal(host, "fresh")
 
 
 def test_runs_never_overlap_and_wait_interval(host):
