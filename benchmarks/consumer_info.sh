@@ -9,6 +9,8 @@ rounds=${1:-5}
 host=batchq-bench
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
 export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
+# The deploy playbook escalates; the image has no sudo, and su from root needs no password.
+export ANSIBLE_BECOME_METHOD=su
 work=$(mktemp -d)
 trap 'docker rm -f $host >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 

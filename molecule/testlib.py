@@ -202,3 +202,25 @@ def scheduled_starts(host, timer):
     entries = [json.loads(line) for line in out.splitlines() if line.strip()]
     return [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in entries
             if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done"]
+
+def memory_kill_result(host):
+    """The Result systemd gives a batch killed for memory_max on this host.
+
+    systemd learns of an OOM kill from the unified hierarchy's memory.events;
+    where the memory controller sits in a v1 hierarchy (v1 or hybrid setup,
+    SYSTEMD_FACTS §6, §16) it only sees the SIGKILL.
+    """
+    if host.check_output("stat -fc %T /sys/fs/cgroup") == "cgroup2fs":
+        return "oom-kill"  # pure v2: the memory controller can only be there
+    # /proc/cgroups: subsys_name hierarchy num_cgroups enabled; hierarchy 0 means not on v1
+    v1 = host.check_output("awk '$1 == \"memory\" && $4 == 1 {print $2}' /proc/cgroups")
+    return "signal" if v1 not in ("", "0") else "oom-kill"
+
+
+def ansible_module(host, module, arguments="", *extra):
+    """Run a module on one host with the ansible CLI, e.g. as another remote user
+    (extra: more CLI arguments). Returns (returncode, output)."""
+    process = subprocess.run(
+        ["ansible", host.backend.get_hostname(), "-i", INVENTORY, "-m", module, "-a", arguments, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, check=False)
+    return process.returncode, process.stdout

@@ -14,6 +14,7 @@ import json
 import re
 from datetime import datetime, timezone
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit, unit_re
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import parse_timespan
 
 __metaclass__ = type
@@ -28,7 +29,8 @@ UNIT_SUCCEEDED = "7ad2d189f7e94e70a38c781354912448"
 RUN_MESSAGES = (JOB_STARTED, JOB_DONE, JOB_FAILED, PROCESS_EXITED, UNIT_FAILED, UNIT_SUCCEEDED)
 
 SERVICE_PROPERTIES = ("Id", "LoadState", "ActiveState", "Result", "InvocationID", "ExecMainCode",
-                      "ExecMainStatus", "ExecMainStartTimestamp", "ExecMainExitTimestamp")
+                      "ExecMainStatus", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
+                      "InactiveExitTimestamp", "StateChangeTimestamp")
 TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTriggerUSec",
                     "NextElapseUSecMonotonic", "NextElapseUSecRealtime")
 
@@ -36,8 +38,6 @@ TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTrig
 EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
 SIGNALS = {1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 5: "TRAP", 6: "ABRT", 7: "BUS", 8: "FPE", 9: "KILL",
            10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM", 24: "XCPU", 25: "XFSZ", 31: "SYS"}
-
-_UNIT_RE = r"^%s(?P<name>[a-z0-9][a-z0-9_-]*)(?P<instance>@[^.]*)?\.(?P<kind>service|timer)$"
 
 
 def parse_show(text):
@@ -72,29 +72,50 @@ def iso(seconds):
 def consumer_units(text, prefix):
     """Consumer keys and their units from `systemctl list-units`/`list-unit-files` lines.
 
-    Returns {key: {"service": unit, "timer": unit}} with key `name` or `name@N`;
-    a template with no loaded instance is reported under its bare name.
+    Returns {key: {"service": unit, "timer": unit, "starter": unit}} with key
+    `name` or `name@N`. A template with no loaded instance is reported under
+    its bare name with "template" set to its timer's unit file state: systemd
+    lets go of instances that are stopped and disabled (a paused consumer), and
+    keeps nothing that names them, so they cannot be listed one by one.
     """
-    unit_re = re.compile(_UNIT_RE % re.escape(prefix))
-    found, templates = {}, set()
+    consumer_re = unit_re(prefix)
+    found, templates = {}, {}
     for line in text.splitlines():
         words = line.split()
-        match = unit_re.match(words[0]) if words else None
-        if not match:
+        match = consumer_re.match(words[0]) if words else None
+        if not match or match.group("dropin"):
             continue
-        instance = match.group("instance")
-        if instance == "@":
-            templates.add(match.group("name"))
+        if match.group("at") and not match.group("instance"):
+            # list-unit-files: UNIT FILE-STATE PRESET; the service template is "static"
+            if match.group("kind") == "timer":
+                templates[match.group("name")] = words[1] if len(words) > 1 else ""
+            else:
+                templates.setdefault(match.group("name"), "")
             continue
-        key = match.group("name") + (instance or "")
+        key = match.group("name") + (match.group("at") or "")
         found.setdefault(key, {})[match.group("kind")] = words[0]
-    for name in templates:
+    for name, file_state in templates.items():
         if not any(key.startswith(name + "@") for key in found):
-            found[name] = {}
+            found[name] = {"service": prefix + name + "@.service", "timer": prefix + name + "@.timer",
+                           "template": file_state}
     for key, units in found.items():
-        units.setdefault("service", prefix + key + ".service")
-        units.setdefault("timer", prefix + key + ".timer")
+        if "template" not in units:  # starters exist for instances, never for a template
+            units.setdefault("service", prefix + key + ".service")
+            units.setdefault("timer", prefix + key + ".timer")
+            units["starter"] = starter_unit(units["timer"])
     return found
+
+
+def template_show(units):
+    """`systemctl show`-like dicts for a template without instances.
+
+    systemctl refuses to show a template; what is known of it is that no
+    instance is loaded, so none runs and no timer of it is armed.
+    """
+    service = {"Id": units["service"], "LoadState": "loaded", "ActiveState": "inactive"}
+    timer = {"Id": units["timer"], "LoadState": "loaded", "ActiveState": "inactive",
+             "UnitFileState": units["template"]}
+    return service, timer
 
 
 def _exit_status(code, status):
@@ -156,21 +177,61 @@ def parse_journal_lines(text):
 
 
 def last_run_from_show(service):
-    """The latest finished run as systemd itself describes it, or None."""
+    """The latest finished run as systemd itself describes it, or None.
+
+    ExecMain* describe the last main process, which need not be the last run's:
+    a start that fails before exec (missing environment file) has none. They
+    are taken only when that process ended after the run's activation began.
+    """
+    invocation = service.get("InvocationID") or None
+    result = service.get("Result") or None
     started = parse_timestamp(service.get("ExecMainStartTimestamp"))
     finished = parse_timestamp(service.get("ExecMainExitTimestamp"))
-    if started is None or finished is None or finished < started:
+    activated = parse_timestamp(service.get("InactiveExitTimestamp"))
+    if started is not None and finished is not None and started <= finished \
+            and (activated is None or finished >= activated):
+        code = EXIT_CODES.get(service.get("ExecMainCode", ""))
+        return {
+            "invocation_id": invocation,
+            "started": started,
+            "finished": finished,
+            "duration_s": round(finished - started, 3),
+            "result": result,
+            "exit_code": code,
+            "exit_status": _exit_status(code, service.get("ExecMainStatus")),
+        }
+    if invocation is None or service.get("ActiveState") not in ("inactive", "failed"):
         return None
-    code = EXIT_CODES.get(service.get("ExecMainCode", ""))
-    return {
-        "invocation_id": service.get("InvocationID") or None,
-        "started": started,
-        "finished": finished,
-        "duration_s": round(finished - started, 3),
-        "result": service.get("Result") or None,
-        "exit_code": code,
-        "exit_status": _exit_status(code, service.get("ExecMainStatus")),
-    }
+    # A run without a process of its own: all systemd still knows is when it ended.
+    return {"invocation_id": invocation, "started": None, "finished": parse_timestamp(service.get("StateChangeTimestamp")),
+            "duration_s": None, "result": result, "exit_code": None, "exit_status": None}
+
+
+def last_run(service, journal_runs):
+    """The latest finished run of a service that is not running, and whether the journal lost it.
+
+    The run is the one of the service's InvocationID. The journal's record of
+    that invocation is its own by construction; ExecMain* times replace the
+    journal's job times only when the process ended after that job began, so
+    two runs are never mixed.
+    """
+    shown = last_run_from_show(service)
+    invocation = service.get("InvocationID") or None
+    journal = next((r for r in journal_runs if invocation and r["invocation_id"] == invocation
+                    and r["finished"] is not None), None)
+    if journal is None:
+        if invocation is None:
+            # systemd let go of the unit (no timer held it) and forgot its runs: the journal remembers
+            done = [r for r in journal_runs if r["finished"] is not None]
+            return (dict(done[0]) if done else None), False
+        return shown, shown is not None
+    run = dict(journal)
+    run["result"] = service.get("Result") or run["result"]
+    if shown is not None and shown["started"] is not None and journal["started"] is not None \
+            and shown["finished"] >= journal["started"]:
+        for field in ("started", "finished", "duration_s", "exit_code", "exit_status"):
+            run[field] = shown[field]
+    return run, False
 
 
 def _public(run):
@@ -192,12 +253,14 @@ def summarize(history):
     }
 
 
-def consumer_report(service, timer, journal_runs, log, history, now_realtime, now_monotonic):
+def consumer_report(service, timer, journal_runs, log, history, now_realtime, now_monotonic, starter=None):
     """One consumer's report and the warnings about it.
 
-    service, timer: `systemctl show` dicts; journal_runs: parse_journal_runs()
-    of its service; log: the last run's own lines; now_*: the host's clocks in
-    seconds, to turn the timer's monotonic next elapse into a wall time.
+    service, timer, starter: `systemctl show` dicts (starter: the transient
+    timer that arms the consumer's timer, see consumer_names.starter_unit);
+    journal_runs: parse_journal_runs() of its service; log: the last run's own
+    lines; now_*: the host's clocks in seconds, to turn a monotonic next elapse
+    into a wall time.
     """
     warnings = []
     if service.get("LoadState") != "loaded":
@@ -207,11 +270,10 @@ def consumer_report(service, timer, journal_runs, log, history, now_realtime, no
     finished = [r for r in journal_runs if r["finished"] is not None]
     last = None
     if not running:
-        last = last_run_from_show(service)
-        if last is not None:
-            if not any(r["invocation_id"] == last["invocation_id"] for r in finished):
-                warnings.append("the journal has lost run %s of %s; reporting what systemd knows"
-                                % (last["invocation_id"], service["Id"]))
+        last, lost = last_run(service, journal_runs)
+        if lost:
+            warnings.append("the journal has lost run %s of %s; reporting what systemd knows"
+                            % (last["invocation_id"], service["Id"]))
     elif finished:
         last = dict(finished[0])
     if last is not None:
@@ -220,26 +282,31 @@ def consumer_report(service, timer, journal_runs, log, history, now_realtime, no
     running_since = parse_timestamp(service.get("ExecMainStartTimestamp")) if running else None
 
     timer_active = timer.get("ActiveState") == "active"
+    # The role arms a timer through a transient starter timer after start_delay:
+    # until it fires, the consumer's own timer is inactive but on its way.
+    starting = not timer_active and (starter or {}).get("ActiveState") == "active"
+    enabled = timer.get("UnitFileState") in ("enabled", "enabled-runtime")
     if running:
         state = "running"
-    elif not timer_active:
-        state = "paused"
-    elif last is not None and last["result"] != "success":
-        state = "failed"
+    elif timer_active or starting:
+        state = "failed" if last is not None and last["result"] != "success" else "waiting"
+    elif timer.get("UnitFileState") == "disabled" and timer.get("ActiveState") == "inactive":
+        state = "paused"  # how the role pauses a consumer: stopped and disabled
     else:
-        state = "waiting"
+        state = "stopped"  # enabled (or masked) but stopped by hand, or failed: nothing will run it
 
+    armed = starter if starting else timer if timer_active else {}
     next_run = None
-    monotonic = timer.get("NextElapseUSecMonotonic", "")
-    if timer_active and monotonic not in ("", "infinity", "0"):
+    monotonic = armed.get("NextElapseUSecMonotonic", "")
+    if monotonic not in ("", "infinity", "0"):
         next_run = iso(now_realtime + parse_timespan(monotonic) - now_monotonic)
-    elif timer_active:
-        next_run = iso(parse_timestamp(timer.get("NextElapseUSecRealtime")))
+    elif armed:
+        next_run = iso(parse_timestamp(armed.get("NextElapseUSecRealtime")))
     past = [_public(r) for r in finished[:history]]
     return {
         "state": state,
         "timer": {
-            "enabled": timer.get("UnitFileState") == "enabled",
+            "enabled": enabled,
             "active": timer_active,
             "last_trigger": iso(parse_timestamp(timer.get("LastTriggerUSec"))),
             "next_run": next_run,

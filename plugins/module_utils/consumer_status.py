@@ -61,6 +61,11 @@ def problems(reports, now, fail_on_failed=False, max_age=None):
             last = consumer.get("last_run") or {}
             if fail_on_failed and consumer["state"] in ("failed", "missing"):
                 found.append("%s on %s: %s (last result %s)" % (key, host, consumer["state"], last.get("result")))
+            elif fail_on_failed and consumer["state"] == "stopped":
+                # not paused by the role, yet nothing will start it: as bad as failing
+                found.append("%s on %s: stopped (timer enabled but inactive or failed, last result %s)"
+                             % (key, host, last.get("result")))
+            # Only the role's pause and a batch in flight excuse a consumer for not finishing runs.
             if max_age is not None and consumer["state"] not in ("paused", "running"):
                 finished = _seconds(last.get("finished"))
                 if finished is None or now - finished > max_age:

@@ -20,6 +20,8 @@ description:
     and by count, never a scan of the whole journal.
   - Works on systemd 252 (Debian 12) and 257 (Debian 13). When the journal has lost a run (rotated
     or volatile), it says so in a warning and still reports what systemd knows.
+  - Needs to read the system journal, so it runs as root (C(become=true)) or as a member of the
+    C(systemd-journal) group; any other user gets a failure that says so, never empty histories.
 options:
   names:
     description:
@@ -80,9 +82,19 @@ consumers:
   contains:
     state:
       description:
-        - C(waiting) (timer armed, no batch running), C(running), C(paused) (timer stopped),
-          C(failed) (last run failed) or C(missing) (named but not installed).
+        - C(running) a batch runs now.
+        - C(waiting) the timer is armed, or the role's starter timer will arm it after C(start_delay)
+          (see RV(consumers.timer.next_run)), and the last run, if any, succeeded.
+        - C(failed) as C(waiting), but the last run failed.
+        - C(paused) the timer is stopped and disabled, as the role leaves a consumer with
+          C(state=paused). A paused consumer with instances is reported once, under its bare name,
+          with no runs, because systemd keeps no unit of its stopped and disabled instances, and nothing
+          on the host names them any more.
+        - C(stopped) the timer is enabled but inactive (stopped by hand) or failed, and no starter
+          timer is about to arm it, so no batch will run until someone starts it.
+        - C(missing) named in O(names) but not installed.
       type: str
+      choices: [waiting, running, failed, paused, stopped, missing]
       sample: waiting
     timer:
       description: The consumer's timer; null when missing.
@@ -101,11 +113,18 @@ consumers:
           type: str
           sample: "2026-11-29T11:58:26Z"
         next_run:
-          description: When it will next start it, ISO 8601 in UTC; null when not armed or while a batch runs.
+          description:
+            - When it will next start it, ISO 8601 in UTC; null when not armed or while a batch runs.
+            - While the role's starter timer has yet to arm the timer, when the starter fires.
           type: str
           sample: "2026-11-29T11:59:27.672258Z"
     last_run:
-      description: The latest finished run; null when the consumer never finished a run.
+      description:
+        - The latest finished run, the one of the service's current invocation ID; null when the
+          consumer never finished a run.
+        - A run that failed before its process started (a missing environment file, result
+          C(resources)) has no C(exit_code) and C(exit_status), and its C(started) and C(finished)
+          are those of its start job.
       type: dict
       contains:
         invocation_id:
@@ -171,6 +190,9 @@ consumers:
           sample: 3.004
 """
 
+import glob
+import os
+import pwd
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -185,9 +207,16 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     parse_journal_lines,
     parse_journal_runs,
     parse_show,
+    template_show,
 )
 
 LANG_C = {"LANG": "C", "LC_ALL": "C"}
+# Where journald keeps the system journal: persistent, then volatile (journald.conf(5)).
+JOURNAL_FILES = ("/var/log/journal/*/system*.journal", "/run/log/journal/*/system*.journal")
+
+
+class CommandError(Exception):
+    """A command failed; raised in worker threads, reported by the main thread."""
 
 
 class Host:
@@ -201,7 +230,7 @@ class Host:
     def run(self, argv):
         rc, out, err = self.module.run_command(argv, environ_update=LANG_C)
         if rc != 0:
-            self.module.fail_json(msg="%s failed: %s" % (" ".join(argv), err.strip()), rc=rc)
+            raise CommandError("%s failed (rc=%d): %s" % (" ".join(argv), rc, err.strip()))
         return out
 
     def units(self, prefix):
@@ -210,6 +239,8 @@ class Host:
                 + self.run([self.systemctl, "list-units", "--all", "--no-legend", "--plain", "--"] + pattern))
 
     def show(self, units, properties):
+        if not units:
+            return {}
         return parse_show(self.run([self.systemctl, "show", "--timestamp=us+utc",
                                     "--property=" + ",".join(properties), "--"] + units))
 
@@ -221,13 +252,30 @@ class Host:
             "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS", "--"] + matches))
 
     def log(self, run, lines):
-        """The last lines of one run's own output, read from its start on."""
+        """The last lines of one run's own output, read from its start (or end) on."""
         if not lines or not run["invocation_id"]:
             return []
-        started = datetime.fromisoformat(run["started"].replace("Z", "+00:00")).timestamp()
+        since = datetime.fromisoformat((run["started"] or run["finished"]).replace("Z", "+00:00")).timestamp()
         return parse_journal_lines(self.run([
             self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE", "--lines=%d" % lines,
-            "--since=@%d" % (int(started) - 1), "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
+            "--since=@%d" % (int(since) - 1), "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
+
+
+def journal_refusal():
+    """Why this user cannot read the system journal, or None when it can.
+
+    Without access journalctl shows only the user's own entries, or none:
+    every consumer would look as if it had never run.
+    """
+    if os.geteuid() == 0:
+        return None
+    files = [path for pattern in JOURNAL_FILES for path in glob.glob(pattern)]
+    if any(os.access(path, os.R_OK) for path in files):
+        return None
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    return ("consumer_info runs as user %s, who cannot read the system journal (%s), so it cannot report any "
+            "run: run it as root (become: true) or add %s to the systemd-journal group"
+            % (user, ", ".join(sorted(files)) or "no journal file found", user))
 
 
 def wanted(found, names, prefix):
@@ -254,30 +302,51 @@ def main():
     params = module.params
     if params["history"] < 0 or params["log_lines"] < 0:
         module.fail_json(msg="history and log_lines must not be negative")
+    refusal = journal_refusal()
+    if refusal:
+        module.fail_json(msg=refusal)
     host = Host(module)
-    chosen = wanted(consumer_units(host.units(params["prefix"]), params["prefix"]), params["names"], params["prefix"])
-    services = host.show([units["service"] for units in chosen.values()], SERVICE_PROPERTIES) if chosen else {}
-    timers = host.show([units["timer"] for units in chosen.values()], TIMER_PROPERTIES) if chosen else {}
+    try:
+        chosen = wanted(consumer_units(host.units(params["prefix"]), params["prefix"]),
+                        params["names"], params["prefix"])
+        # systemctl refuses to show a template: those come from template_show().
+        shown = [units for units in chosen.values() if "template" not in units]
+        services = host.show([units["service"] for units in shown], SERVICE_PROPERTIES)
+        timers = host.show([units[kind] for units in shown for kind in ("timer", "starter") if kind in units],
+                           TIMER_PROPERTIES)
+    except CommandError as exc:
+        module.fail_json(msg=str(exc))
     now_realtime, now_monotonic = time.time(), time.monotonic()
 
     def read(key):
         """One consumer's report: its journal reads are independent of the others'."""
         units = chosen[key]
-        service = services.get(units["service"], {"LoadState": "not-found"})
-        runs = host.runs(units["service"], params["history"]) if service.get("LoadState") == "loaded" else []
-        consumer, said = consumer_report(service, timers.get(units["timer"], {}), runs, [],
-                                         params["history"], now_realtime, now_monotonic)
-        if consumer["last_run"] is not None:
-            consumer["last_run"]["log"] = host.log(consumer["last_run"], params["log_lines"])
-        return key, consumer, said
+        if "template" in units:
+            service, timer = template_show(units)
+        else:
+            service = services.get(units["service"], {"LoadState": "not-found"})
+            timer = timers.get(units["timer"], {})
+        try:
+            runs = host.runs(units["service"], params["history"]) \
+                if service.get("LoadState") == "loaded" and "template" not in units else []
+            consumer, said = consumer_report(service, timer, runs, [], params["history"], now_realtime,
+                                             now_monotonic, timers.get(units.get("starter")))
+            if consumer["last_run"] is not None:
+                consumer["last_run"]["log"] = host.log(consumer["last_run"], params["log_lines"])
+        except CommandError as exc:
+            return key, None, [], str(exc)
+        return key, consumer, said, None
 
     # journalctl calls wait mostly on the disk, so a few at once save time.
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(read, sorted(chosen)))
-    report = {key: consumer for key, consumer, said in results}
-    warnings = [warning for key, consumer, said in results for warning in said]
-    for warning in warnings:
-        module.warn(warning)
+    errors = ["%s: %s" % (key, error) for key, consumer, said, error in results if error]
+    if errors:
+        module.fail_json(msg="; ".join(errors), errors=errors)
+    report = {key: consumer for key, consumer, said, error in results}
+    for key, consumer, said, error in results:
+        for warning in said:
+            module.warn(warning)
     module.exit_json(changed=False, consumers=report)
 
 

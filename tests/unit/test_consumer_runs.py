@@ -10,12 +10,14 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     consumer_report,
     consumer_units,
     iso,
+    last_run,
     last_run_from_show,
     parse_journal_lines,
     parse_journal_runs,
     parse_show,
     parse_timestamp,
     summarize,
+    template_show,
 )
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -27,6 +29,14 @@ LAST = {
                "d84a35918c9c4c218318efafd8706289"),
 }
 DISTROS = sorted(LAST)
+# Mean of journal-ok.json's three runs, from "Starting" to "Finished" (__REALTIME_TIMESTAMP,
+# subtracted by hand): bookworm 0.390000, 0.382213, 0.370463 s; trixie 0.375912, 0.370898, 0.389967 s.
+MEAN_OK = {"bookworm": 0.381, "trixie": 0.379}
+# record-states.sh: envfile's successful run, then the start that found no environment file.
+ENVFILE = {
+    "bookworm": ("74d544acf47b4756b4a91ae067e4ff72", "1738b021d08d4a5a809eecb9ba46535e", 1796041234.962325),
+    "trixie": ("629f53bf1def490d8f48d144c3bb74c9", "2f9d972eb647450ba03cac7cdb31ee4a", 1796041236.378038),
+}
 
 
 def fixture(distro, name):
@@ -46,7 +56,108 @@ def test_timestamps():
 def test_units_found_on_the_host(distro):
     found = consumer_units(fixture(distro, "units.txt"), "batchq-")
     assert sorted(found) == ["busy", "exit3", "hog", "hung", "killed", "never", "ok", "pair@1", "pair@2"]
-    assert found["pair@2"] == {"service": "batchq-pair@2.service", "timer": "batchq-pair@2.timer"}
+    assert found["pair@2"] == {"service": "batchq-pair@2.service", "timer": "batchq-pair@2.timer",
+                               "starter": "batchq-pair.2.start.timer"}
+    assert found["ok"]["starter"] == "batchq-ok.start.timer"
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_units_of_another_prefix_are_not_ours(distro):
+    assert consumer_units(fixture(distro, "units.txt"), "other-") == {}
+    assert sorted(consumer_units(fixture(distro, "units.txt"), "batchq-p")) == ["air@1", "air@2"]
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_paused_consumer_with_instances_is_paused_under_its_bare_name(distro):
+    found = consumer_units(fixture(distro, "units-paused.txt"), "batchq-")
+    assert found == {"pair": {"service": "batchq-pair@.service", "timer": "batchq-pair@.timer",
+                              "template": "disabled"}}
+    service, timer = template_show(found["pair"])
+    report, warnings = consumer_report(service, timer, [], [], 5, 0.0, 0.0)
+    assert report["state"] == "paused" and warnings == []
+    assert report["timer"] == {"enabled": False, "active": False, "last_trigger": None, "next_run": None}
+    assert report["last_run"] is None and report["history"] == []
+
+
+def test_template_with_an_enabled_instance_but_none_loaded_is_stopped():
+    service, timer = template_show({"service": "batchq-pair@.service", "timer": "batchq-pair@.timer",
+                                    "template": "indirect"})
+    assert consumer_report(service, timer, [], [], 5, 0.0, 0.0)[0]["state"] == "stopped"
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_timer_armed_by_the_starter_is_waiting_until_the_starter_fires(distro):
+    services = parse_show(fixture(distro, "show-services.txt"))
+    timers = parse_show(fixture(distro, "show-starting.txt"))
+    report = consumer_report(services["batchq-ok.service"], timers["batchq-starting.timer"], [], [], 5,
+                             2000000000.0, 0.0, timers["batchq-starting.start.timer"])[0]
+    assert report["state"] == "waiting"
+    assert report["timer"]["enabled"] is True and report["timer"]["active"] is False
+    # the starter's NextElapseUSecMonotonic, 1h 11min 21.944887s (bookworm), from a monotonic clock at 0
+    assert report["timer"]["next_run"] == {"bookworm": "2033-05-18T04:44:41.944887Z",
+                                           "trixie": "2033-05-18T04:44:43.323049Z"}[distro]
+    failed = consumer_report(services["batchq-exit3.service"], timers["batchq-starting.timer"], [], [], 5,
+                             0.0, 0.0, timers["batchq-starting.start.timer"])[0]
+    assert failed["state"] == "failed"
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_timer_stopped_by_hand_or_failed_is_stopped_not_paused(distro):
+    services = parse_show(fixture(distro, "show-services.txt"))
+    timers = parse_show(fixture(distro, "show-starting.txt"))
+    stopped = consumer_report(services["batchq-ok.service"], timers["batchq-stopped.timer"], [], [], 5, 0.0, 0.0,
+                              timers["batchq-stopped.start.timer"])[0]
+    assert stopped["state"] == "stopped" and stopped["timer"]["next_run"] is None
+    failed_timer = dict(timers["batchq-stopped.timer"], ActiveState="failed")
+    assert consumer_report(services["batchq-ok.service"], failed_timer, [], [], 5, 0.0, 0.0)[0]["state"] == "stopped"
+    disabled_but_failed = dict(failed_timer, UnitFileState="disabled")
+    assert consumer_report(services["batchq-ok.service"], disabled_but_failed, [], [], 5, 0.0, 0.0)[0]["state"] \
+        == "stopped"
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_start_that_failed_before_exec_is_the_last_run_alone(distro):
+    previous, failed, ended = ENVFILE[distro]
+    service = parse_show(fixture(distro, "show-resources.txt"))["batchq-envfile.service"]
+    runs = parse_journal_runs(fixture(distro, "journal-resources.json"))
+    assert [r["invocation_id"] for r in runs] == [failed, previous]
+    run, lost = last_run(service, runs)
+    assert not lost
+    assert (run["invocation_id"], run["result"], run["exit_code"], run["exit_status"]) == (failed, "resources", None, None)
+    assert run["started"] is None and run["finished"] == pytest.approx(ended) and run["duration_s"] is None
+    timers = parse_show(fixture(distro, "show-timers.txt"))
+    report, warnings = consumer_report(service, timers["batchq-ok.timer"], runs, [], 5, 0.0, 0.0)
+    assert report["state"] == "failed" and warnings == []
+    assert report["last_run"]["invocation_id"] == failed and report["summary"]["failures"] == 1
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_start_that_failed_before_exec_with_the_journal_lost(distro):
+    previous, failed, ended = ENVFILE[distro]
+    service = parse_show(fixture(distro, "show-resources.txt"))["batchq-envfile.service"]
+    run, lost = last_run(service, [])
+    assert lost and (run["invocation_id"], run["result"], run["exit_code"]) == (failed, "resources", None)
+    assert run["finished"] == pytest.approx(parse_timestamp(service["StateChangeTimestamp"]))
+
+
+def test_main_process_of_an_earlier_run_is_not_taken_for_the_last_run():
+    # what a start that fails before exec would show if ExecMain* kept the earlier run's process
+    service = {"Id": "batchq-x.service", "LoadState": "loaded", "ActiveState": "failed", "Result": "resources",
+               "InvocationID": "new", "ExecMainCode": "1", "ExecMainStatus": "0",
+               "ExecMainStartTimestamp": "Sun 2026-11-29 12:00:00.000000 UTC",
+               "ExecMainExitTimestamp": "Sun 2026-11-29 12:00:01.000000 UTC",
+               "InactiveExitTimestamp": "Sun 2026-11-29 12:00:00.000100 UTC",
+               "StateChangeTimestamp": "Sun 2026-11-29 12:10:00.000000 UTC"}
+    journal = [{"invocation_id": "new", "started": None, "finished": parse_timestamp(service["StateChangeTimestamp"]),
+                "duration_s": None, "result": "resources", "exit_code": None, "exit_status": None},
+               {"invocation_id": "old", "started": parse_timestamp(service["ExecMainStartTimestamp"]),
+                "finished": parse_timestamp(service["ExecMainExitTimestamp"]), "duration_s": 1.0,
+                "result": "success", "exit_code": "exited", "exit_status": 0}]
+    run = last_run(service, journal)[0]
+    assert (run["invocation_id"], run["result"], run["exit_code"], run["started"]) == ("new", "resources", None, None)
+    journal[0]["started"] = parse_timestamp("Sun 2026-11-29 12:09:59.000000 UTC")
+    run = last_run(service, journal)[0]
+    assert (run["exit_code"], run["started"]) == (None, journal[0]["started"])
 
 
 @pytest.mark.parametrize("distro", DISTROS)
@@ -97,9 +208,7 @@ def test_report_of_each_outcome(distro):
 
     ok, warnings = report("ok", fixture(distro, "journal-ok.json"))
     assert ok["state"] == "waiting" and warnings == []
-    assert ok["summary"] == {"runs": 3, "failures": 0, "success_rate": 1.0,
-                             "mean_duration_s": ok["summary"]["mean_duration_s"]}
-    assert 0.3 <= ok["summary"]["mean_duration_s"] < 1.0  # the consumer sleeps 0.3s
+    assert ok["summary"] == {"runs": 3, "failures": 0, "success_rate": 1.0, "mean_duration_s": MEAN_OK[distro]}
     assert ok["timer"]["enabled"] and ok["timer"]["active"] and ok["timer"]["next_run"].startswith("2033-")
     hung = report("hung", fixture(distro, "journal-hung.json"))[0]
     assert hung["state"] == "failed" and hung["summary"]["failures"] == 3

@@ -43,3 +43,17 @@ def test_overdue_consumers_fail_the_check_but_paused_ones_do_not():
     assert problems(REPORTS, NOW, max_age=3600) == ["thumbs on web-1: no run ended in the last 3600s"]
     assert problems(REPORTS, NOW, max_age=10) == ["thumbs on web-1: no run ended in the last 10s",
                                                   "thumbs on web-2: no run ended in the last 10s"]
+
+
+STOPPED = {"web-3": {"halted": consumer("stopped", "success", "2026-11-29T12:04:50Z", 1.0, 0, 5)}}
+
+
+def test_a_timer_stopped_by_hand_fails_the_check_on_failures():
+    assert problems(STOPPED, NOW) == []
+    assert problems(STOPPED, NOW, fail_on_failed=True) == [
+        "halted on web-3: stopped (timer enabled but inactive or failed, last result success)"]
+
+
+def test_a_stopped_consumer_is_not_excused_from_max_age():
+    assert problems(STOPPED, NOW, max_age=3600) == []  # its last run ended 10s ago
+    assert problems(STOPPED, NOW, max_age=5) == ["halted on web-3: no run ended in the last 5s"]

@@ -6,7 +6,19 @@ import subprocess
 
 import pytest
 
-from testlib import INVENTORY, finished, journal, runs, show, timestamp, timestamp_of, wait_for
+from testlib import (
+    INVENTORY,
+    ansible_module,
+    deploy,
+    finished,
+    journal,
+    memory_kill_result,
+    runs,
+    show,
+    timestamp,
+    timestamp_of,
+    wait_for,
+)
 
 RUNS = 3  # runs the test starts of each consumer
 FINISHED = ["ok", "exit3", "killed", "hung", "hog"]
@@ -67,8 +79,8 @@ def test_expected_results_of_each_fault(host, driven):
     assert (consumers["exit3"]["last_run"]["result"], consumers["exit3"]["last_run"]["exit_status"]) == ("exit-code", 3)
     assert (consumers["killed"]["last_run"]["result"], consumers["killed"]["last_run"]["exit_status"]) == ("signal", "KILL")
     assert consumers["hung"]["last_run"]["result"] == "timeout"
-    # cgroup v1 reports a memory kill as a signal, v2 as oom-kill (SYSTEMD_FACTS §6)
-    assert consumers["hog"]["last_run"]["result"] in ("oom-kill", "signal"), consumers["hog"]
+    # cgroup v1 reports a memory kill as a signal, v2 as oom-kill (SYSTEMD_FACTS §6): this host's
+    assert consumers["hog"]["last_run"]["result"] == memory_kill_result(host), consumers["hog"]
 
 
 def test_mean_duration_matches_the_consumer_own_timing(host, driven):
@@ -149,3 +161,158 @@ def status_playbook(*arguments):
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, check=False)
     process.output = process.stdout
     return process
+
+
+def test_paused_consumer_with_instances_is_paused_not_missing(host):
+    # systemd has let go of its stopped and disabled instances: only the templates are left
+    wait_for(lambda: host.check_output("systemctl list-units --all --no-legend --plain 'batchq-quiet*'") == "",
+             30, "systemd to let go of quiet's instances")
+    report = consumer_info(host)["consumers"]
+    assert "quiet" in report, sorted(report)
+    assert report["quiet"]["state"] == "paused", report["quiet"]
+    assert report["quiet"]["timer"]["enabled"] is False and report["quiet"]["timer"]["active"] is False
+    assert consumer_info(host, names="quiet")["consumers"]["quiet"]["state"] == "paused"
+
+
+def next_elapse(host, timer):
+    """NEXT of list-timers, 'Sun 2026-11-29 12:58:26 UTC' in the host's zone (UTC), in seconds."""
+    listed = host.check_output("systemctl list-timers --all --no-legend %s", timer).split()
+    return timestamp("%s %s %s.0 UTC" % tuple(listed[:3]))
+
+
+def test_timer_stopped_by_hand_is_stopped_until_a_starter_arms_it(host):
+    host.check_output("systemctl stop batchq-halted.timer")
+    try:
+        report = consumer_info(host)["consumers"]["halted"]
+        assert report["state"] == "stopped", report
+        assert report["timer"]["enabled"] is True and report["timer"]["next_run"] is None, report
+
+        # the role's starter timer (consumer_names.starter_unit) will start it: waiting, not stopped
+        host.check_output("systemd-run --quiet --unit=batchq-halted.start --on-active=30s "
+                          "--timer-property=RemainAfterElapse=no --collect "
+                          "/bin/systemctl start --no-block batchq-halted.timer")
+        report = consumer_info(host)["consumers"]["halted"]
+        assert report["state"] == "waiting", report
+        assert abs(timestamp_of(report["timer"]["next_run"]) - next_elapse(host, "batchq-halted.start.timer")) <= 1.0
+        assert "halted.start" not in " ".join(consumer_info(host)["consumers"]), "the starter taken for a consumer"
+        host.check_output("systemctl stop batchq-halted.start.timer")
+        assert consumer_info(host)["consumers"]["halted"]["state"] == "stopped"
+    finally:
+        host.run("systemctl stop batchq-halted.start.timer")
+        host.check_output("systemctl start batchq-halted.timer")
+    assert consumer_info(host)["consumers"]["halted"]["state"] == "waiting"
+
+
+def test_stopped_timer_fails_the_status_checks_and_paused_ones_do_not(hosts):
+    for host in hosts:
+        host.check_output("systemctl start batchq-halted.service && systemctl stop batchq-halted.timer")
+    try:
+        failing = status_playbook("-e", "consumer_status_fail_on_failed=true")
+        overdue = status_playbook("-e", "consumer_status_max_age=3600")
+    finally:
+        for host in hosts:
+            host.check_output("systemctl start batchq-halted.timer")
+    for host in hosts:
+        name = host.backend.get_hostname()
+        assert re.search(r"%s\s+halted\s+stopped\s+success" % name, failing.output), failing.output
+        assert "halted on %s: stopped" % name in failing.output, failing.output
+        # its last run ended seconds ago, yet nothing will start the next: max_age must still see it
+        assert "halted on %s: no run ended" % name not in overdue.output, overdue.output
+        assert "never on %s" % name not in failing.output + overdue.output
+        assert "quiet on %s" % name not in failing.output + overdue.output
+    assert failing.returncode != 0
+
+
+def test_stopped_timer_is_not_exempt_from_max_age(hosts):
+    host = hosts[0]
+    name = host.backend.get_hostname()
+    host.check_output("systemctl stop batchq-halted.timer")
+    try:
+        overdue = status_playbook("-e", "consumer_status_max_age=1", "-e", "consumer_hosts=%s" % name)
+    finally:
+        host.check_output("systemctl start batchq-halted.timer")
+    assert overdue.returncode != 0 and "halted on %s: no run ended in the last 1s" % name in overdue.output, \
+        overdue.output
+    assert "never on %s" % name not in overdue.output and "quiet on %s" % name not in overdue.output
+
+
+def test_start_that_fails_before_exec_is_reported_alone(host):
+    host.check_output("systemctl start batchq-envfile.service")
+    good = wait_for(lambda: finished(runs(host, "envfile")), 30, "a run of envfile")[-1]
+    host.check_output("mv /etc/batchq-test/envfile.env /etc/batchq-test/envfile.away")
+    try:
+        failed = host.run("systemctl start batchq-envfile.service")
+        assert failed.rc != 0, failed.stdout
+        truth = show(host, "batchq-envfile.service", "InvocationID", "Result", "StateChangeTimestamp")
+        report = consumer_info(host, history=5, log_lines=5)["consumers"]["envfile"]
+    finally:
+        host.check_output("mv /etc/batchq-test/envfile.away /etc/batchq-test/envfile.env")
+    explain = "%s%s" % (report, journal(host, "envfile"))
+    last = report["last_run"]
+    assert last is not None, explain
+    assert truth["Result"] == "resources", explain
+    assert last["invocation_id"] == truth["InvocationID"] != good["invocation"], explain
+    assert last["result"] == "resources" and last["exit_code"] is None and last["exit_status"] is None, explain
+    # nothing of the run before: it ended when systemd gave up, not when the probe ended
+    assert abs(timestamp_of(last["finished"]) - timestamp(truth["StateChangeTimestamp"])) < 1.0, explain
+    assert last["started"] is None or timestamp_of(last["started"]) > good["end"], explain
+    assert report["state"] == "failed", explain
+    assert [r["invocation_id"] for r in report["history"][:2]] == [truth["InvocationID"], good["invocation"]], explain
+    assert not any(good["invocation"] in line for line in last["log"]), explain
+
+
+ROOT_PASSWORD = "batchq-test-only"
+
+
+@pytest.fixture(scope="module")
+def tester(hosts):
+    """An unprivileged account on every host that can escalate with su and the root password."""
+    for host in hosts:
+        host.check_output("id tester || useradd --create-home tester")
+        host.check_output("echo root:%s | chpasswd" % ROOT_PASSWORD)
+    return ["-e", "ansible_user=tester", "-e", "ansible_become_method=su",
+            "-e", "ansible_become_password=" + ROOT_PASSWORD]
+
+
+def test_consumer_info_without_root_says_it_cannot_read_the_journal(host, tester):
+    rc, output = ansible_module(host, "batchq.consumers.consumer_info", "", "-e", "ansible_user=tester")
+    assert rc != 0 and "tester, who cannot read the system journal" in output, output
+    host.check_output("usermod -aG systemd-journal tester")
+    try:
+        rc, output = ansible_module(host, "batchq.consumers.consumer_info", "names=ok", "-e", "ansible_user=tester")
+    finally:
+        host.check_output("gpasswd -d tester systemd-journal")
+    # a member of systemd-journal reads the same runs as root
+    truth = show(host, "batchq-ok.service", "InvocationID")["InvocationID"]
+    assert rc == 0 and truth and truth in output, output
+
+
+def test_status_playbook_escalates_for_a_user_connecting_as_themselves(hosts, driven, tester):
+    table = status_playbook(*tester)
+    assert table.returncode == 0, table.output
+    for host in hosts:
+        assert re.search(r"%s\s+exit3\s+failed\s+exit-code" % host.backend.get_hostname(), table.output), table.output
+
+
+def test_custom_prefix_and_host_patterns(hosts, tester):
+    # deployed by a user who escalates, with another prefix: the batchq- consumers stay as they are
+    deployed = deploy([{"name": "alt", "command": "/usr/local/bin/batchq-probe run --exit 3"}],
+                      consumer_unit_prefix="other-", **dict(arg.split("=", 1) for arg in tester[1::2]))
+    assert deployed.returncode == 0, deployed.output
+    for host in hosts:
+        assert host.run("systemctl start other-alt.service").rc != 0
+    names = [host.backend.get_hostname() for host in hosts]
+
+    failing = status_playbook("-e", "consumer_unit_prefix=other-", "-e", "consumer_hosts=*debian1*",
+                              "-e", "consumer_status_fail_on_failed=true")
+    assert failing.returncode != 0, failing.output
+    for name in names:
+        assert re.search(r"%s\s+alt\s+failed\s+exit-code" % name, failing.output), failing.output
+        assert "alt on %s: failed" % name in failing.output, failing.output
+    for name in names:  # the batchq- consumers are not theirs
+        assert not re.search(r"%s\s+(ok|exit3|never)\s" % name, failing.output), failing.output
+
+    one = status_playbook("-e", "consumer_hosts=consumers:&*debian13")
+    assert one.returncode == 0, one.output
+    shown = {name for name in names if re.search(r"%s\s+ok\s+" % name, one.output)}
+    assert shown == {name for name in names if name.endswith("debian13")}, one.output
