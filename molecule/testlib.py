@@ -203,6 +203,7 @@ def scheduled_starts(host, timer):
     return [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in entries
             if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done"]
 
+
 def memory_kill_result(host):
     """The Result systemd gives a batch killed for memory_max on this host.
 
