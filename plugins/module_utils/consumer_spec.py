@@ -13,6 +13,11 @@ from __future__ import annotations
 import re
 import shlex
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
+    DEFAULT_ACCOUNT,
+    SECRETS_DIR,
+)
+
 __metaclass__ = type
 
 TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout")
@@ -27,8 +32,8 @@ ITEM_DEFAULTS = {
     "accuracy": "1s",
     "jitter": "0",
     "timeout": "1h",
-    "user": "batchq",
-    "group": "batchq",
+    "user": DEFAULT_ACCOUNT,
+    "group": DEFAULT_ACCOUNT,
     "allow_root": False,
     "environment": {},
     "environment_file": None,
@@ -47,7 +52,6 @@ ITEM_DEFAULTS = {
     "timer_options": {},
 }
 STATES = ("present", "paused", "absent")
-SECRETS_DIR = "/etc/batchq"
 MAX_INSTANCES = 64
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")

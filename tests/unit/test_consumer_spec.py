@@ -1,7 +1,10 @@
 """Validation and quoting of consumer definitions (pure functions, no host)."""
 
+import pathlib
+
 import pytest
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import DEFAULT_ACCOUNT, SECRETS_DIR
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     normalize_consumers,
@@ -175,6 +178,18 @@ def test_secret_values_stay_out_of_the_normalised_consumer():
 def test_secret_files_escape_for_systemd_environment_files():
     files = secret_files([dict(GOOD, secret_environment={"B": 'say "hi" $HOME `id` \\ 100%', "A": 1})])
     assert files == {"/etc/batchq/thumbs.env": 'A="1"\nB="say \\"hi\\" \\$HOME \\`id\\` \\\\ 100%"\n'}
+
+
+def test_account_and_secrets_folder_come_from_consumer_names():
+    """Defined once, in consumer_names: the spec module spells neither out itself."""
+    from ansible_collections.batchq.consumers.plugins.module_utils import consumer_spec
+
+    source = pathlib.Path(consumer_spec.__file__).read_text()
+    assert '"%s"' % DEFAULT_ACCOUNT not in source and '"%s"' % SECRETS_DIR not in source
+    consumer = one(secret_environment={"A": "x"})
+    assert (consumer["user"], consumer["group"]) == (DEFAULT_ACCOUNT, DEFAULT_ACCOUNT)
+    assert consumer["secret_file"] == SECRETS_DIR + "/thumbs.env"
+    assert list(secret_files([dict(GOOD, secret_environment={"A": "x"})])) == [SECRETS_DIR + "/thumbs.env"]
 
 
 def test_secret_files_only_for_consumers_that_keep_units():
