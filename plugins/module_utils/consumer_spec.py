@@ -51,6 +51,9 @@ ITEM_DEFAULTS = {
     "service_options": {},
     "timer_options": {},
 }
+# Keys whose dicts are merged key by key, the consumer's own values winning,
+# when consumer_defaults and a consumer both set them; other keys are replaced.
+MERGED_KEYS = ("environment", "secret_environment", "service_options", "timer_options")
 STATES = ("present", "paused", "absent")
 MAX_INSTANCES = 64
 
@@ -231,6 +234,21 @@ def environment_file_line(key, value):
     return '%s="%s"\n' % (key, escaped)
 
 
+def layered(raw, defaults):
+    """A consumer's settings: the built-in defaults, consumer_defaults over them,
+    the consumer's own over both. MERGED_KEYS merge when both layers hold dicts
+    (anything else is left for validation to refuse)."""
+    item = dict(ITEM_DEFAULTS)
+    for layer in (defaults or {}, raw):
+        for key, value in layer.items():
+            if key in MERGED_KEYS and isinstance(value, dict) and isinstance(item.get(key), dict):
+                merged = dict(item[key])
+                merged.update(value)
+                value = merged
+            item[key] = value
+    return item
+
+
 def secret_files(consumers, defaults=None):
     """{path: content} of the secret environment files of consumers that keep units.
 
@@ -239,8 +257,7 @@ def secret_files(consumers, defaults=None):
     """
     files = {}
     for raw in consumers:
-        item = dict(ITEM_DEFAULTS, **(defaults or {}))
-        item.update(raw)
+        item = layered(raw, defaults)
         pairs = _variables(item["name"], "secret_environment", item["secret_environment"])
         if pairs and item["state"] != "absent":
             files["%s/%s.env" % (SECRETS_DIR, item["name"])] = "".join(environment_file_line(k, v) for k, v in pairs)
@@ -293,9 +310,7 @@ def normalize_consumer(raw, defaults, prefix):
         raise ConsumerSpecError(
             "consumer %r: field 'name': must be 1-48 lowercase letters, digits, '-' or '_',"
             " starting with a letter or digit" % (name,))
-    item = dict(ITEM_DEFAULTS)
-    item.update(defaults)
-    item.update(raw)
+    item = layered(raw, defaults)
     unknown = sorted(set(item) - set(ITEM_DEFAULTS))
     if unknown:
         _fail(name, unknown[0], "is not a consumer setting (known: %s)" % ", ".join(sorted(ITEM_DEFAULTS)))

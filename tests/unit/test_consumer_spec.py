@@ -64,6 +64,41 @@ def test_defaults_lie_under_items_and_prefix_names_units():
     assert consumers[1]["service_unit"] == "jobs-mail.service"
 
 
+def test_dict_defaults_merge_with_the_consumers_own_which_win():
+    defaults = {
+        "environment": {"A": "1", "SHARED": "default"},
+        "service_options": {"Nice": 5, "SyslogIdentifier": "jobs"},
+        "timer_options": {"Persistent": True},
+    }
+    consumer = normalize_consumers([dict(
+        GOOD, environment={"B": "2", "SHARED": "own"}, service_options={"Nice": 7},
+        timer_options={"WakeSystem": False})], defaults)[0]
+    assert consumer["environment"] == ['"A=1"', '"B=2"', '"SHARED=own"']
+    assert consumer["service_options"] == [("Nice", "7"), ("SyslogIdentifier", "jobs")]
+    assert consumer["timer_options"] == [("Persistent", "yes"), ("WakeSystem", "no")]
+    assert defaults["environment"] == {"A": "1", "SHARED": "default"}  # not changed in place
+
+
+def test_secret_defaults_merge_the_same_way_in_units_and_files():
+    defaults = {"secret_environment": {"DB_PASSWORD": "d", "TOKEN": "default"}}
+    consumers = [dict(GOOD, secret_environment={"TOKEN": "own"})]
+    assert normalize_consumers(consumers, defaults)[0]["secret_names"] == ["DB_PASSWORD", "TOKEN"]
+    assert secret_files(consumers, defaults) == {"/etc/batchq/thumbs.env": 'DB_PASSWORD="d"\nTOKEN="own"\n'}
+
+
+def test_secrets_only_in_the_defaults_give_every_consumer_a_file():
+    consumers = [GOOD, dict(GOOD, name="mail")]
+    defaults = {"secret_environment": {"TOKEN": "t"}}
+    assert [c["secret_file"] for c in normalize_consumers(consumers, defaults)] == [
+        "/etc/batchq/thumbs.env", "/etc/batchq/mail.env"]
+    assert sorted(secret_files(consumers, defaults)) == ["/etc/batchq/mail.env", "/etc/batchq/thumbs.env"]
+
+
+def test_a_dict_over_a_non_dict_default_is_still_validated():
+    with pytest.raises(ConsumerSpecError, match="'thumbs': field 'environment'"):
+        normalize_consumers([GOOD], {"environment": ["A=1"]})
+
+
 def test_absent_consumer_needs_no_command():
     consumer = normalize_consumers([{"name": "old", "state": "absent"}])[0]
     assert consumer["exec_start"] is None and consumer["state"] == "absent"
