@@ -145,6 +145,26 @@ def _absolute_path(consumer, field, value):
     text = _single_line(consumer, field, value)
     if not text.startswith("/"):
         _fail(consumer, field, "must be an absolute path, got %r" % text)
+    if {".", ".."} & set(text.split("/")):
+        # systemd refuses paths that are not normalized and ignores the setting
+        _fail(consumer, field, "must not contain '.' or '..' components, got %r" % text)
+    return text
+
+
+def _bare_path(consumer, field, value):
+    """A path for a setting that takes the rest of the line unquoted."""
+    text = _absolute_path(consumer, field, value)
+    if text != text.rstrip():
+        # systemd strips it: the setting would name another path
+        _fail(consumer, field, "must not end in white space, got %r" % text)
+    return text
+
+
+def _working_directory(consumer, value):
+    text = _bare_path(consumer, "working_directory", value)
+    if text.endswith("\\"):
+        # WorkingDirectory= has no escape for it: the line would continue
+        _fail(consumer, "working_directory", "cannot end in a backslash, got %r" % text)
     return text
 
 
@@ -168,15 +188,25 @@ def split_command(consumer, command):
     return argv
 
 
+def systemd_word(text):
+    """One double-quoted word of a setting that splits its value into words
+    and expands specifiers (Environment=, ReadWritePaths=, ...).
+
+    Double quotes stop word splitting; inside them a backslash and a quote are
+    backslash-escaped and '%' is doubled against specifier expansion
+    (systemd.syntax(7)).
+    """
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"%s"' % escaped.replace("%", "%%")
+
+
 def systemd_quote(word):
     """One ExecStart= word that systemd hands to the process unchanged.
 
-    Double quotes stop word splitting; inside them a backslash and a quote are
-    C-escaped, '%' is doubled against specifier expansion and '$' against
-    environment variable expansion (systemd.service(5), systemd.syntax(7)).
+    Like systemd_word(), and '$' is doubled against environment variable
+    expansion, which only command lines have (systemd.service(5)).
     """
-    escaped = word.replace("\\", "\\\\").replace('"', '\\"')
-    return '"%s"' % escaped.replace("%", "%%").replace("$", "$$")
+    return systemd_word(word).replace("$", "$$")
 
 
 def systemd_environment(key, value):
@@ -184,8 +214,20 @@ def systemd_environment(key, value):
 
     Environment= expands specifiers but not variables, so only '%' is doubled.
     """
-    escaped = ("%s=%s" % (key, value)).replace("\\", "\\\\").replace('"', '\\"')
-    return '"%s"' % escaped.replace("%", "%%")
+    return systemd_word("%s=%s" % (key, value))
+
+
+def systemd_path(path):
+    """A WorkingDirectory= path: the rest of the line, unquoted, with
+    specifiers expanded (systemd.exec(5)), so only '%' is doubled."""
+    return path.replace("%", "%%")
+
+
+def systemd_glob_path(path):
+    """An EnvironmentFile= path, which systemd also expands as a glob pattern
+    when the service starts: a backslash before each of '\\ * ? [' makes
+    glob(3) take it literally, then '%' is doubled against specifiers."""
+    return systemd_path(re.sub(r"([\\*?\[])", r"\\\1", path))
 
 
 def _check_timespans(name, item):
@@ -277,7 +319,10 @@ def _raw_options(name, field, options):
                 value = "yes" if value else "no"
             if isinstance(value, (dict, list)) or value is None:
                 _fail(name, field, "value of %s must be a string or number" % key)
-            result.append((key, _single_line(name, field, value)))
+            text = _single_line(name, field, value)
+            if text.endswith("\\"):
+                _fail(name, field, "value of %s ends in a backslash, which systemd reads as a line continuation" % key)
+            result.append((key, text))
     return result
 
 
@@ -346,11 +391,13 @@ def normalize_consumer(raw, defaults, prefix):
         "exec_start": None if item["command"] is None else " ".join(
             systemd_quote(word) for word in split_command(name, item["command"])),
         "environment": [systemd_environment(*pair) for pair in _variables(name, "environment", item["environment"])],
-        "environment_file": item["environment_file"] and _absolute_path(name, "environment_file", item["environment_file"]),
+        "environment_file": item["environment_file"] and systemd_glob_path(
+            _bare_path(name, "environment_file", item["environment_file"])),
         "secret_names": [key for key, value in _variables(name, "secret_environment", item["secret_environment"])],
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
-        "working_directory": item["working_directory"] and _absolute_path(name, "working_directory", item["working_directory"]),
-        "writable_paths": [_absolute_path(name, "writable_paths", path) for path in item["writable_paths"]],
+        "working_directory": item["working_directory"] and systemd_path(
+            _working_directory(name, item["working_directory"])),
+        "writable_paths": [systemd_word(_absolute_path(name, "writable_paths", path)) for path in item["writable_paths"]],
         "required_paths": required_paths,
         "user": str(item["user"]),
         "group": str(item["group"]),

@@ -122,6 +122,27 @@ def test_environment_doubles_percent_but_keeps_dollar():
     assert systemd_environment("A", '50% "$HOME" \\') == '"A=50%% \\"$HOME\\" \\\\"'
 
 
+def test_paths_reach_systemd_escaped_for_each_settings_own_parser():
+    consumer = one(writable_paths=["/srv/with space", '/srv/q"x\\y', "/srv/100%"],
+                   working_directory="/srv/pct%nx dir", environment_file="/etc/app [1]/*?%i.env")
+    # a space-separated list of quoted words with specifiers
+    assert consumer["writable_paths"] == ['"/srv/with space"', '"/srv/q\\"x\\\\y"', '"/srv/100%%"']
+    # the rest of the line, unquoted, with specifiers
+    assert consumer["working_directory"] == "/srv/pct%%nx dir"
+    # the rest of the line with specifiers, then a glob pattern
+    assert consumer["environment_file"] == "/etc/app \\[1]/\\*\\?%%i.env"
+    # the host checks look for the paths as written
+    assert [p["path"] for p in consumer["required_paths"]] == [
+        "/etc/app [1]/*?%i.env", "/srv/pct%nx dir", "/srv/with space", '/srv/q"x\\y', "/srv/100%"]
+
+
+def test_raw_options_keep_specifiers_and_percent_signs():
+    consumer = one(instances=2, service_options={"SyslogIdentifier": "thumbs-%i", "CPUWeight": "idle",
+                                                 "MemoryHigh": "80%"})
+    assert consumer["service_options"] == [
+        ("CPUWeight", "idle"), ("MemoryHigh", "80%"), ("SyslogIdentifier", "thumbs-%i")]
+
+
 def test_string_command_splits_like_a_shell_and_list_is_kept():
     assert one(command="/bin/echo 'a b' c\\ d")["exec_start"] == '"/bin/echo" "a b" "c d"'
     assert one(command=["/bin/echo", "a b", "$x"])["exec_start"] == '"/bin/echo" "a b" "$$x"'
@@ -161,6 +182,15 @@ BAD = [
     ("relative env file", {"environment_file": "app.env"}, ["'environment_file'", "absolute"]),
     ("relative writable path", {"writable_paths": ["data"]}, ["'writable_paths'"]),
     ("hardening as prose", {"hardening": "maybe"}, ["'hardening'"]),
+    ("raw option continues the line", {"service_options": {"Environment": "A=1 \\"}},
+     ["'service_options'", "Environment", "backslash"]),
+    ("raw timer option continues the line", {"timer_options": {"OnCalendar": ["daily", "x\\"]}},
+     ["'timer_options'", "OnCalendar", "backslash"]),
+    ("working directory continues the line", {"working_directory": "/srv/x\\"},
+     ["'working_directory'", "backslash"]),
+    ("working directory ends in a space", {"working_directory": "/srv/x "}, ["'working_directory'", "white space"]),
+    ("environment file ends in a space", {"environment_file": "/etc/x.env "}, ["'environment_file'", "white space"]),
+    ("dot-dot in a writable path", {"writable_paths": ["/srv/../etc"]}, ["'writable_paths'", "'..'"]),
 ]
 
 
