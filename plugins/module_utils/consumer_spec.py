@@ -51,6 +51,9 @@ ITEM_DEFAULTS = {
     "service_options": {},
     "timer_options": {},
 }
+# systemd counts time in microseconds in 64 bits, the top value meaning
+# "infinity" (USEC_INFINITY): a span that reaches it is refused.
+USEC_INFINITY = 2 ** 64 - 1
 # Keys whose dicts are merged key by key, the consumer's own values winning,
 # when consumer_defaults and a consumer both set them; other keys are replaced.
 MERGED_KEYS = ("environment", "secret_environment", "service_options", "timer_options")
@@ -111,6 +114,10 @@ def parse_timespan(text):
             raise ValueError("%r is not a systemd time span (e.g. '30s', '5min', '1h 30min')" % text)
         total += float(match.group(1)) * _TIME_UNITS.get(match.group(2) or "s", 1)
         pos = match.end()
+    if total * 1e6 >= USEC_INFINITY:
+        # systemd's own limit per part is a little stricter: the host's
+        # systemd-analyze has the last word
+        raise ValueError("%r is longer than systemd can count (about 584542 years)" % text)
     return total
 
 
