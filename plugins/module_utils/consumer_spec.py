@@ -20,7 +20,9 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names im
 
 __metaclass__ = type
 
-TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout")
+TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout", "stop_timeout")
+# Spans that systemd reads as "no limit" when 0: that is written "infinity".
+LIMIT_KEYS = ("timeout", "stop_timeout")
 
 # Built-in default of every key a consumer may carry; the user's
 # consumer_defaults are laid over these, each item over both.
@@ -32,6 +34,9 @@ ITEM_DEFAULTS = {
     "accuracy": "1s",
     "jitter": "0",
     "timeout": "1h",
+    # After SIGTERM (at timeout, or when stopped) a batch gets this long to end
+    # before SIGKILL; systemd's own default of 90s is long for a queue.
+    "stop_timeout": "30s",
     "user": DEFAULT_ACCOUNT,
     "group": DEFAULT_ACCOUNT,
     "allow_root": False,
@@ -246,13 +251,14 @@ def _check_timespans(name, item):
             seconds = parse_timespan(value)
         except ValueError as exc:
             _fail(name, field, str(exc))
-        if seconds == float("inf") and (field != "timeout" or str(value).strip() != "infinity"):
-            _fail(name, field, "must be finite" if field != "timeout" else "write 'infinity' explicitly")
+        if seconds == float("inf") and (field not in LIMIT_KEYS or str(value).strip() != "infinity"):
+            _fail(name, field, "must be finite" if field not in LIMIT_KEYS else "write 'infinity' explicitly")
         spans[field] = seconds
     if spans["interval"] <= 0:
         _fail(name, "interval", "must be longer than 0")
-    if spans["timeout"] <= 0:
-        _fail(name, "timeout", "must be longer than 0 (systemd reads 0 as no timeout; write 'infinity' for that)")
+    for field in LIMIT_KEYS:
+        if spans[field] <= 0:
+            _fail(name, field, "must be longer than 0 (systemd reads 0 as no timeout; write 'infinity' for that)")
 
 
 def _variables(name, field, variables):

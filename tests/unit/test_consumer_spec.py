@@ -49,7 +49,8 @@ def test_a_span_just_below_what_systemd_counts_is_accepted():
 def test_defaults_of_a_minimal_consumer():
     consumer = one()
     assert consumer["spans"] == {
-        "interval": "1min", "start_delay": "5s", "accuracy": "1s", "jitter": "0", "timeout": "1h"}
+        "interval": "1min", "start_delay": "5s", "accuracy": "1s", "jitter": "0", "timeout": "1h",
+        "stop_timeout": "30s"}
     assert (consumer["service_unit"], consumer["timer_unit"]) == ("batchq-thumbs.service", "batchq-thumbs.timer")
     assert consumer["timers"] == ["batchq-thumbs.timer"]
     assert (consumer["user"], consumer["group"], consumer["hardening"]) == ("batchq", "batchq", True)
@@ -164,6 +165,8 @@ BAD = [
     ("zero interval", {"interval": "0"}, ["'thumbs'", "'interval'"]),
     ("implicit infinite timeout", {"timeout": "0"}, ["'thumbs'", "'timeout'", "infinity"]),
     ("infinite interval", {"interval": "infinity"}, ["'thumbs'", "'interval'"]),
+    ("implicit infinite stop timeout", {"stop_timeout": "0"}, ["'thumbs'", "'stop_timeout'", "infinity"]),
+    ("bad stop timeout", {"stop_timeout": "soon"}, ["'thumbs'", "'stop_timeout'", "soon"]),
     ("absurd span", {"timeout": "99999999999999y"}, ["'thumbs'", "'timeout'", "99999999999999y", "count"]),
     ("relative command", {"command": "process_queue"}, ["'thumbs'", "'command'", "absolute"]),
     ("empty command", {"command": ""}, ["'thumbs'", "'command'", "empty"]),
@@ -207,6 +210,11 @@ def test_bad_consumers_name_consumer_and_field(fields, words):
         normalize_consumers([dict(GOOD, **fields)])
     for word in words:
         assert word in str(error.value)
+
+
+def test_stop_timeout_may_be_infinity_when_written_so():
+    assert one(stop_timeout="infinity")["spans"]["stop_timeout"] == "infinity"
+    assert one(stop_timeout="5s")["spans"]["stop_timeout"] == "5s"
 
 
 def test_root_is_allowed_when_asked_for_or_without_hardening():
