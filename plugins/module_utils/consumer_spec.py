@@ -55,6 +55,9 @@ ITEM_DEFAULTS = {
     "hardening": True,
     "service_options": {},
     "timer_options": {},
+    # Exit status of a batch that took a full batch and leaves work waiting:
+    # the next batch starts at once (see roles/consumer/files/batchq-drain).
+    "backlog_exit_code": None,
 }
 # systemd counts time in microseconds in 64 bits, the top value meaning
 # "infinity" (USEC_INFINITY): a span that reaches it is refused.
@@ -388,6 +391,9 @@ def normalize_consumer(raw, defaults, prefix):
         _fail(name, "writable_paths", "must be a list of absolute paths")
 
     _check_timespans(name, item)
+    backlog = None if item["backlog_exit_code"] is None else _as_int(
+        name, "backlog_exit_code", item["backlog_exit_code"], 1, 255)
+    timeout = parse_timespan(item["timeout"])
     required_paths = [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
     ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
@@ -416,6 +422,9 @@ def normalize_consumer(raw, defaults, prefix):
         "group": str(item["group"]),
         "hardening": hardening,
         "spans": {field: str(item[field]).strip() for field in TIME_KEYS},
+        "backlog_exit_code": backlog,
+        # each batch of a drain gets its own timeout; 0: none
+        "timeout_usec": 0 if timeout == float("inf") else int(round(timeout * 1e6)),
         "resources": _resources(name, item),
         "service_options": _raw_options(name, "service_options", item["service_options"]),
         "timer_options": _raw_options(name, "timer_options", item["timer_options"]),

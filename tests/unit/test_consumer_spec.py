@@ -289,3 +289,17 @@ def test_bad_secrets_are_refused_without_echoing_them(secrets, words):
     for word in words:
         assert word in str(error.value)
     assert "x\ny" not in str(error.value)
+
+
+@pytest.mark.parametrize("value", [0, 256, "more", True, 1.5, 75.0, -1])
+def test_bad_backlog_exit_codes_are_refused(value):
+    with pytest.raises(ConsumerSpecError) as error:
+        normalize_consumers([dict(GOOD, backlog_exit_code=value)])
+    assert "'thumbs'" in str(error.value) and "'backlog_exit_code'" in str(error.value)
+
+
+def test_backlog_exit_code_and_each_batch_timeout():
+    consumer = one(backlog_exit_code=75, timeout="2min 30s")
+    assert (consumer["backlog_exit_code"], consumer["timeout_usec"]) == (75, 150000000)
+    assert one(backlog_exit_code="1", timeout="infinity")["timeout_usec"] == 0
+    assert one()["backlog_exit_code"] is None

@@ -33,4 +33,6 @@ def test_role_takes_the_shared_names_from_consumer_names():
         "_consumer_account": names.DEFAULT_ACCOUNT,
         "_consumer_unit_dir": names.UNIT_DIR,
         "_consumer_secrets_dir": names.SECRETS_DIR,
+        "_consumer_drain_runner": names.DRAIN_RUNNER,
+        "_consumer_continue_unit": names.CONTINUE_UNIT,
     }

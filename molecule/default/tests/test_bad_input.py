@@ -51,7 +51,8 @@ CASES = [
     ("command not on the host", fresh(command="/usr/bin/no-such-consumer"),
      ["batchq-fresh.service", "/usr/bin/no-such-consumer"]),
     ("setting systemd does not know", fresh(service_options={"FooBar": "1"}), ["batchq-fresh.service", "FooBar"]),
-]
+] + [("backlog exit code %r" % (value,), fresh(backlog_exit_code=value), ["'fresh'", "'backlog_exit_code'"])
+     for value in (0, 256, "more", True, 1.5)]
 
 
 @pytest.fixture(scope="module")

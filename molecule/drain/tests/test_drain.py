@@ -31,7 +31,7 @@ def batches(host, name):
 
 
 def fill(host, name, items):
-    host.check_output("echo %d > /srv/queues/%s && rm -f /srv/queues/%s.failed", items, name, name)
+    host.check_output("echo %s > /srv/queues/%s && rm -f /srv/queues/%s.failed", str(items), name, name)
 
 
 def left(host, name):
