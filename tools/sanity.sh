@@ -2,7 +2,7 @@
 # Runs `ansible-test sanity` on the collection's tracked files.
 # ansible-test wants the collection below ansible_collections/NAMESPACE/NAME,
 # and bootstraps pip in its virtual environments with a script it downloads
-# from a host this machine cannot reach. (The probe's shebang is python3 on
+# from a host this machine cannot reach. (The probe's and batchq-drain's shebang is python3 on
 # purpose: the Debian test containers have no "python"; see tests/sanity/.) The script below stands in for it:
 # it installs pip from the wheel Python ships (ensurepip), then runs pip with
 # ansible-test's arguments, which install the pip version it wants from PyPI.

@@ -393,7 +393,8 @@ def normalize_consumer(raw, defaults, prefix):
     _check_timespans(name, item)
     backlog = None if item["backlog_exit_code"] is None else _as_int(
         name, "backlog_exit_code", item["backlog_exit_code"], 1, 255)
-    timeout = parse_timespan(item["timeout"])
+    usec = {field: 0 if seconds == float("inf") else int(round(seconds * 1e6))
+            for field, seconds in ((f, parse_timespan(item[f])) for f in LIMIT_KEYS)}
     required_paths = [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
     ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
@@ -423,8 +424,9 @@ def normalize_consumer(raw, defaults, prefix):
         "hardening": hardening,
         "spans": {field: str(item[field]).strip() for field in TIME_KEYS},
         "backlog_exit_code": backlog,
-        # each batch of a drain gets its own timeout; 0: none
-        "timeout_usec": 0 if timeout == float("inf") else int(round(timeout * 1e6)),
+        # batchq-drain times each batch of a drain out itself; 0: no limit
+        "timeout_usec": usec["timeout"],
+        "stop_timeout_usec": usec["stop_timeout"],
         "resources": _resources(name, item),
         "service_options": _raw_options(name, "service_options", item["service_options"]),
         "timer_options": _raw_options(name, "timer_options", item["timer_options"]),

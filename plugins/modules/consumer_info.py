@@ -164,8 +164,8 @@ consumers:
           sample: [processed 100 items]
         batches:
           description:
-            - How many batches the run had, for a consumer that drains a backlog (C(backlog_exit_code)):
-              batches follow each other in one run while each says more work is waiting.
+            - How many batches the run had, for a consumer that drains a backlog (C(backlog_exit_code)).
+              Its batches follow each other in one run while each says more work is waiting.
             - Only for such consumers.
           type: int
           sample: 42
@@ -192,7 +192,10 @@ consumers:
               type: float
               sample: 0.1
             result:
-              description: C(success) (the queue was empty), C(backlog) (more work waits), C(exit-code) or C(signal).
+              description:
+                - C(success) (the queue was empty), C(backlog) (more work waits), C(exit-code), C(signal) or
+                  C(timeout) (killed at C(timeout), and at C(stop_timeout) after that if it lived on).
+                - A run whose last batch timed out has result C(timeout) too.
               type: str
               sample: success
             exit_status:
@@ -391,6 +394,8 @@ def main():
                 last["batches"] = batch["number"] if batch else 0
                 last["last_batch"] = batch and dict(batch, started=iso(batch["started"]),
                                                     finished=iso(batch["finished"]))
+                if batch and batch["result"] == "timeout":
+                    last["result"] = "timeout"  # the runner, not systemd, times a drain's batches out
             if last is not None:
                 last["log"] = host.log(last, params["log_lines"], identifier)
         except CommandError as exc:

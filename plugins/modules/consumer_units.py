@@ -65,8 +65,8 @@ options:
   finish:
     description:
       - Services (names or glob patterns) whose running drain, if any, ends after the batch in
-        flight: the consumers that drain a backlog (C(backlog_exit_code)) run batch after batch
-        in one activation, and are asked (SIGUSR1 to C(batchq-drain)) to start no further batch.
+        flight. Consumers that drain a backlog (C(backlog_exit_code)) run batch after batch
+        in one activation; they are asked (SIGUSR1 to C(batchq-drain)) to start no further batch.
         A batch in flight is never stopped.
       - The services of O(stop) timers, and services whose unit file O(units) rewrites, are
         finished too.

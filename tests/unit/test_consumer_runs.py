@@ -7,6 +7,8 @@ import pathlib
 import pytest
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
+    is_drain,
+    parse_batch_end,
     consumer_report,
     consumer_units,
     iso,
@@ -235,3 +237,30 @@ def test_journal_lines_decode_bytes():
 
 def test_summary_of_no_runs():
     assert summarize([]) == {"runs": 0, "failures": 0, "success_rate": None, "mean_duration_s": None}
+
+
+# Read off the recorded files by hand (record-batches.sh): number, result,
+# exit status, start, end and the identifier of the batch's log lines.
+BATCH_ENDS = [
+    ("bookworm", "timeout", (5, "timeout", "TERM", 1796043685.483281, 1796043688.486189, 3.003, "batchq-probe#5")),
+    ("bookworm", "backlog", (40, "backlog", 75, 1796043881.864163, 1796043882.207003, 0.343, "batchq-probe#40")),
+    ("trixie", "timeout", (5, "timeout", "TERM", 1796043733.593903, 1796043736.600627, 3.007, "batchq-probe#5")),
+    ("trixie", "backlog", (4, "backlog", 75, 1796043882.593818, 1796043882.929213, 0.335, "batchq-probe#4")),
+]
+
+
+@pytest.mark.parametrize("distro, result, expected", BATCH_ENDS)
+def test_the_last_batch_of_a_drain_from_its_end_record(distro, result, expected):
+    batch = parse_batch_end(fixture(distro, "batch-end-%s.json" % result))
+    assert (batch["number"], batch["result"], batch["exit_status"], batch["started"], batch["finished"],
+            batch["duration_s"], batch["log_identifier"]) == pytest.approx(expected)
+
+
+def test_no_end_record_no_batch():
+    assert parse_batch_end("") is None
+
+
+def test_a_drain_is_told_by_its_runner():
+    assert is_drain({"ExecStart": "{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -I "
+                                  "/usr/local/lib/batchq/batchq-drain 75 0 30000000 -- /bin/true ; }"})
+    assert not is_drain({"ExecStart": "{ path=/bin/true ; argv[]=/bin/true ; }"})

@@ -299,7 +299,8 @@ def test_bad_backlog_exit_codes_are_refused(value):
 
 
 def test_backlog_exit_code_and_each_batch_timeout():
-    consumer = one(backlog_exit_code=75, timeout="2min 30s")
-    assert (consumer["backlog_exit_code"], consumer["timeout_usec"]) == (75, 150000000)
+    consumer = one(backlog_exit_code=75, timeout="2min 30s", stop_timeout="5s")
+    assert (consumer["backlog_exit_code"], consumer["timeout_usec"], consumer["stop_timeout_usec"]) == (
+        75, 150000000, 5000000)
     assert one(backlog_exit_code="1", timeout="infinity")["timeout_usec"] == 0
     assert one()["backlog_exit_code"] is None

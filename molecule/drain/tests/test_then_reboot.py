@@ -14,6 +14,8 @@ def test_a_drain_goes_on_after_a_reboot(hosts):
         name = host.backend.get_hostname()
         rebooted_at = time.time()
         subprocess.run(["docker", "restart", name], check=True, stdout=subprocess.DEVNULL, timeout=120)
+        wait_for(lambda: host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"),
+                 90, "%s to finish booting" % name)
         booted = timestamp(host.check_output("systemctl show --timestamp=us+utc --value --property=UserspaceTimestamp"))
         assert booted > rebooted_at
         after = wait_for(lambda: [b for b in batches(host, "slow") if b["start"] > booted], 60,
