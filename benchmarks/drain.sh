@@ -71,7 +71,9 @@ deploy() {
 }
 
 # (b): the rendered unit of bench-B with the daemon's lines in place of the
-# oneshot's, so that every sandbox line is the role's, not a copy from memory.
+# oneshot's, so that every sandbox line is the role's, not a copy from memory;
+# the lines of the drain mode (exit status 75 is a success, the wrapper's
+# notifications, its hand-over to the next activation) go. Prints the difference.
 daemon_units() {
   local b
   for b in "${batches[@]}"; do
@@ -79,10 +81,12 @@ daemon_units() {
       -e "s|^Description=.*|Description=drain benchmark daemon, batch $b|" \
       -e 's|^Type=oneshot$|Type=simple|' \
       -e "s|^ExecStart=.*|ExecStart=/usr/local/bin/drain-consumer --loop /srv/drain/$b $b|" \
-      -e '/^SuccessExitStatus=/d' -e '/^NotifyAccess=/d' >"$work/bench-daemon-$b.service"
+      -e '/^SuccessExitStatus=/d' -e '/^NotifyAccess=/d' -e '/^OnSuccess=/d' >"$work/bench-daemon-$b.service"
     docker cp -q "$work/bench-daemon-$b.service" "$host:/etc/systemd/system/"
   done
   inside systemctl daemon-reload
+  echo "(b)'s unit against the role's for (a), B = $b:"
+  inside cat "/etc/systemd/system/batchq-bench-$b.service" | diff - "$work/bench-daemon-$b.service" | grep '^[<>]' | sed 's/^/  /'
 }
 
 # Mean time in ms of one run of a command from a bash loop (fork, exec, run, wait).
