@@ -36,6 +36,7 @@ export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
 export ANSIBLE_BECOME_METHOD=su
 work=$(mktemp -d)
 containers=(batchq-bench-drain-12 batchq-bench-drain-13)
+trap 'echo "drain.sh: failed at line $LINENO" >&2' ERR
 trap 'for c in "${containers[@]}"; do docker rm -f "$c" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
 
 # Static: one execve, no dynamic loader, and it runs on both Debian releases.
@@ -85,8 +86,9 @@ daemon_units() {
     docker cp -q "$work/bench-daemon-$b.service" "$host:/etc/systemd/system/"
   done
   inside systemctl daemon-reload
-  echo "(b)'s unit against the role's for (a), B = $b:"
-  inside cat "/etc/systemd/system/batchq-bench-$b.service" | diff - "$work/bench-daemon-$b.service" | grep '^[<>]' | sed 's/^/  /'
+  b=${batches[0]}
+  echo "(b)'s unit against the role's for (a), B = $b (< role, > daemon):"
+  inside cat "/etc/systemd/system/batchq-bench-$b.service" | { diff - "$work/bench-daemon-$b.service" || true; } | sed -n 's/^[<>]/  &/p'
 }
 
 # Mean time in ms of one run of a command from a bash loop (fork, exec, run, wait).
