@@ -7,7 +7,7 @@ BIN := $(abspath $(VENV))/bin
 CACHE := $(abspath .cache)
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
-SCENARIOS ?= default info faults
+SCENARIOS ?= default info faults drain
 
 # Everything below runs the collection as users install it: the built tarball.
 export PATH := $(BIN):$(PATH)

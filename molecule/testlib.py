@@ -225,3 +225,17 @@ def ansible_module(host, module, arguments="", *extra):
         ["ansible", host.backend.get_hostname(), "-i", INVENTORY, "-m", module, "-a", arguments, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, check=False)
     return process.returncode, process.stdout
+
+
+def consumer_info(host, **options):
+    """The module's report of host, run through ansible as a user would."""
+    arguments = " ".join("%s=%s" % item for item in options.items())
+    result = host.ansible("batchq.consumers.consumer_info", arguments, check=False)
+    assert result.get("failed") is not True, result
+    return result
+
+
+def next_elapse(host, timer):
+    """NEXT of list-timers, 'Sun 2026-11-29 12:58:26 UTC' in the host's zone (UTC), in seconds."""
+    listed = host.check_output("systemctl list-timers --all --no-legend %s", timer).split()
+    return timestamp("%s %s %s.0 UTC" % tuple(listed[:3]))

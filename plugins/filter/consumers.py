@@ -7,6 +7,14 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
+    CONTINUE_UNIT,
+    DEFAULT_ACCOUNT,
+    DEFAULT_PREFIX,
+    DRAIN_RUNNER,
+    SECRETS_DIR,
+    UNIT_DIR,
+)
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_status import problems, table
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
@@ -54,7 +62,13 @@ _value:
 """
 
 
-def consumers(value, defaults=None, prefix="batchq-"):
+# What the role's vars/main.yml takes from consumer_names, so that each is
+# written down once for the Python and the role alike.
+NAMES = {"account": DEFAULT_ACCOUNT, "secrets_dir": SECRETS_DIR, "unit_dir": UNIT_DIR,
+         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT}
+
+
+def consumers(value, defaults=None, prefix=DEFAULT_PREFIX):
     try:
         return normalize_consumers(value, defaults or {}, prefix)
     except ConsumerSpecError as exc:
@@ -68,7 +82,14 @@ def consumer_secret_files(value, defaults=None):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def consumer_leftovers(host_paths, normalized, prefix="batchq-", exclusive=False):
+def consumer_names(value):
+    try:
+        return NAMES[value]
+    except (KeyError, TypeError) as exc:
+        raise AnsibleFilterError("consumer_names: %r is not one of %s" % (value, ", ".join(sorted(NAMES)))) from exc
+
+
+def consumer_leftovers(host_paths, normalized, prefix=DEFAULT_PREFIX, exclusive=False):
     return leftovers(host_paths, normalized, prefix, exclusive)
 
 
@@ -86,6 +107,7 @@ class FilterModule:
         return {
             "consumers": consumers,
             "consumer_leftovers": consumer_leftovers,
+            "consumer_names": consumer_names,
             "consumer_secret_files": consumer_secret_files,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,

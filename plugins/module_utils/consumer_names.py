@@ -15,6 +15,10 @@ DEFAULT_ACCOUNT = "batchq"
 # secret_environment goes into SECRETS_DIR/<name>.env (mode 0600, root), never into a unit.
 SECRETS_DIR = "/etc/batchq"
 UNIT_DIR = "/etc/systemd/system"
+# Runs the batches of a consumer with backlog_exit_code (roles/consumer/files/batchq-drain).
+DRAIN_RUNNER = "/usr/local/lib/batchq/batchq-drain"
+# OnSuccess= of such a consumer: its drain goes on after a deploy (templates/consumer.continue.j2).
+CONTINUE_UNIT = "batchq.continue@.service"
 
 # A consumer's units: <prefix><name>.service/.timer, or with instances the
 # templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*

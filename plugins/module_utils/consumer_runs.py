@@ -27,10 +27,14 @@ PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
 UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 UNIT_SUCCEEDED = "7ad2d189f7e94e70a38c781354912448"
 RUN_MESSAGES = (JOB_STARTED, JOB_DONE, JOB_FAILED, PROCESS_EXITED, UNIT_FAILED, UNIT_SUCCEEDED)
+# The record batchq-drain (roles/consumer/files) writes at the end of each batch of a drain.
+BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
+BATCH_FIELDS = ("BATCHQ_BATCH", "BATCHQ_RESULT", "BATCHQ_EXIT_STATUS", "BATCHQ_STARTED_USEC",
+                "BATCHQ_ENDED_USEC", "BATCHQ_LOG_IDENTIFIER")
 
 SERVICE_PROPERTIES = ("Id", "LoadState", "ActiveState", "Result", "InvocationID", "ExecMainCode",
                       "ExecMainStatus", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
-                      "InactiveExitTimestamp", "StateChangeTimestamp")
+                      "InactiveExitTimestamp", "StateChangeTimestamp", "ExecStart")
 TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTriggerUSec",
                     "NextElapseUSecMonotonic", "NextElapseUSecRealtime")
 
@@ -232,6 +236,35 @@ def last_run(service, journal_runs):
         for field in ("started", "finished", "duration_s", "exit_code", "exit_status"):
             run[field] = shown[field]
     return run, False
+
+
+def is_drain(service):
+    """Whether the service runs its batches back to back through batchq-drain."""
+    return "batchq-drain" in service.get("ExecStart", "")
+
+
+def parse_batch_end(text):
+    """The last batch of a drain from batchq-drain's newest end record (journal JSON), or None.
+
+    Returns number (batches the run had), started, finished (seconds),
+    duration_s, result (success, backlog, exit-code, signal) and exit_status,
+    and the SYSLOG_IDENTIFIER its output lines carry.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    entry = json.loads(lines[0])
+    started, ended = int(entry["BATCHQ_STARTED_USEC"]) / 1e6, int(entry["BATCHQ_ENDED_USEC"]) / 1e6
+    status = entry.get("BATCHQ_EXIT_STATUS")
+    return {
+        "number": int(entry["BATCHQ_BATCH"]),
+        "started": started,
+        "finished": ended,
+        "duration_s": round(ended - started, 3),
+        "result": entry.get("BATCHQ_RESULT"),
+        "exit_status": int(status) if str(status).isdigit() else status,
+        "log_identifier": entry.get("BATCHQ_LOG_IDENTIFIER"),
+    }
 
 
 def _public(run):

@@ -13,9 +13,16 @@ from __future__ import annotations
 import re
 import shlex
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
+    DEFAULT_ACCOUNT,
+    SECRETS_DIR,
+)
+
 __metaclass__ = type
 
-TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout")
+TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout", "stop_timeout")
+# Spans that systemd reads as "no limit" when 0: that is written "infinity".
+LIMIT_KEYS = ("timeout", "stop_timeout")
 
 # Built-in default of every key a consumer may carry; the user's
 # consumer_defaults are laid over these, each item over both.
@@ -27,8 +34,11 @@ ITEM_DEFAULTS = {
     "accuracy": "1s",
     "jitter": "0",
     "timeout": "1h",
-    "user": "batchq",
-    "group": "batchq",
+    # After SIGTERM (at timeout, or when stopped) a batch gets this long to end
+    # before SIGKILL; systemd's own default of 90s is long for a queue.
+    "stop_timeout": "30s",
+    "user": DEFAULT_ACCOUNT,
+    "group": DEFAULT_ACCOUNT,
     "allow_root": False,
     "environment": {},
     "environment_file": None,
@@ -45,9 +55,17 @@ ITEM_DEFAULTS = {
     "hardening": True,
     "service_options": {},
     "timer_options": {},
+    # Exit status of a batch that took a full batch and leaves work waiting:
+    # the next batch starts at once (see roles/consumer/files/batchq-drain).
+    "backlog_exit_code": None,
 }
+# systemd counts time in microseconds in 64 bits, the top value meaning
+# "infinity" (USEC_INFINITY): a span that reaches it is refused.
+USEC_INFINITY = 2 ** 64 - 1
+# Keys whose dicts are merged key by key, the consumer's own values winning,
+# when consumer_defaults and a consumer both set them; other keys are replaced.
+MERGED_KEYS = ("environment", "secret_environment", "service_options", "timer_options")
 STATES = ("present", "paused", "absent")
-SECRETS_DIR = "/etc/batchq"
 MAX_INSTANCES = 64
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
@@ -104,6 +122,10 @@ def parse_timespan(text):
             raise ValueError("%r is not a systemd time span (e.g. '30s', '5min', '1h 30min')" % text)
         total += float(match.group(1)) * _TIME_UNITS.get(match.group(2) or "s", 1)
         pos = match.end()
+    if total * 1e6 >= USEC_INFINITY:
+        # systemd's own limit per part is a little stricter: the host's
+        # systemd-analyze has the last word
+        raise ValueError("%r is longer than systemd can count (about 584542 years)" % text)
     return total
 
 
@@ -138,6 +160,26 @@ def _absolute_path(consumer, field, value):
     text = _single_line(consumer, field, value)
     if not text.startswith("/"):
         _fail(consumer, field, "must be an absolute path, got %r" % text)
+    if {".", ".."} & set(text.split("/")):
+        # systemd refuses paths that are not normalized and ignores the setting
+        _fail(consumer, field, "must not contain '.' or '..' components, got %r" % text)
+    return text
+
+
+def _bare_path(consumer, field, value):
+    """A path for a setting that takes the rest of the line unquoted."""
+    text = _absolute_path(consumer, field, value)
+    if text != text.rstrip():
+        # systemd strips it: the setting would name another path
+        _fail(consumer, field, "must not end in white space, got %r" % text)
+    return text
+
+
+def _working_directory(consumer, value):
+    text = _bare_path(consumer, "working_directory", value)
+    if text.endswith("\\"):
+        # WorkingDirectory= has no escape for it: the line would continue
+        _fail(consumer, "working_directory", "cannot end in a backslash, got %r" % text)
     return text
 
 
@@ -161,15 +203,25 @@ def split_command(consumer, command):
     return argv
 
 
+def systemd_word(text):
+    """One double-quoted word of a setting that splits its value into words
+    and expands specifiers (Environment=, ReadWritePaths=, ...).
+
+    Double quotes stop word splitting; inside them a backslash and a quote are
+    backslash-escaped and '%' is doubled against specifier expansion
+    (systemd.syntax(7)).
+    """
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"%s"' % escaped.replace("%", "%%")
+
+
 def systemd_quote(word):
     """One ExecStart= word that systemd hands to the process unchanged.
 
-    Double quotes stop word splitting; inside them a backslash and a quote are
-    C-escaped, '%' is doubled against specifier expansion and '$' against
-    environment variable expansion (systemd.service(5), systemd.syntax(7)).
+    Like systemd_word(), and '$' is doubled against environment variable
+    expansion, which only command lines have (systemd.service(5)).
     """
-    escaped = word.replace("\\", "\\\\").replace('"', '\\"')
-    return '"%s"' % escaped.replace("%", "%%").replace("$", "$$")
+    return systemd_word(word).replace("$", "$$")
 
 
 def systemd_environment(key, value):
@@ -177,8 +229,20 @@ def systemd_environment(key, value):
 
     Environment= expands specifiers but not variables, so only '%' is doubled.
     """
-    escaped = ("%s=%s" % (key, value)).replace("\\", "\\\\").replace('"', '\\"')
-    return '"%s"' % escaped.replace("%", "%%")
+    return systemd_word("%s=%s" % (key, value))
+
+
+def systemd_path(path):
+    """A WorkingDirectory= path: the rest of the line, unquoted, with
+    specifiers expanded (systemd.exec(5)), so only '%' is doubled."""
+    return path.replace("%", "%%")
+
+
+def systemd_glob_path(path):
+    """An EnvironmentFile= path, which systemd also expands as a glob pattern
+    when the service starts: a backslash before each of '\\ * ? [' makes
+    glob(3) take it literally, then '%' is doubled against specifiers."""
+    return systemd_path(re.sub(r"([\\*?\[])", r"\\\1", path))
 
 
 def _check_timespans(name, item):
@@ -190,13 +254,14 @@ def _check_timespans(name, item):
             seconds = parse_timespan(value)
         except ValueError as exc:
             _fail(name, field, str(exc))
-        if seconds == float("inf") and (field != "timeout" or str(value).strip() != "infinity"):
-            _fail(name, field, "must be finite" if field != "timeout" else "write 'infinity' explicitly")
+        if seconds == float("inf") and (field not in LIMIT_KEYS or str(value).strip() != "infinity"):
+            _fail(name, field, "must be finite" if field not in LIMIT_KEYS else "write 'infinity' explicitly")
         spans[field] = seconds
     if spans["interval"] <= 0:
         _fail(name, "interval", "must be longer than 0")
-    if spans["timeout"] <= 0:
-        _fail(name, "timeout", "must be longer than 0 (systemd reads 0 as no timeout; write 'infinity' for that)")
+    for field in LIMIT_KEYS:
+        if spans[field] <= 0:
+            _fail(name, field, "must be longer than 0 (systemd reads 0 as no timeout; write 'infinity' for that)")
 
 
 def _variables(name, field, variables):
@@ -227,6 +292,21 @@ def environment_file_line(key, value):
     return '%s="%s"\n' % (key, escaped)
 
 
+def layered(raw, defaults):
+    """A consumer's settings: the built-in defaults, consumer_defaults over them,
+    the consumer's own over both. MERGED_KEYS merge when both layers hold dicts
+    (anything else is left for validation to refuse)."""
+    item = dict(ITEM_DEFAULTS)
+    for layer in (defaults or {}, raw):
+        for key, value in layer.items():
+            if key in MERGED_KEYS and isinstance(value, dict) and isinstance(item.get(key), dict):
+                merged = dict(item[key])
+                merged.update(value)
+                value = merged
+            item[key] = value
+    return item
+
+
 def secret_files(consumers, defaults=None):
     """{path: content} of the secret environment files of consumers that keep units.
 
@@ -235,8 +315,7 @@ def secret_files(consumers, defaults=None):
     """
     files = {}
     for raw in consumers:
-        item = dict(ITEM_DEFAULTS, **(defaults or {}))
-        item.update(raw)
+        item = layered(raw, defaults)
         pairs = _variables(item["name"], "secret_environment", item["secret_environment"])
         if pairs and item["state"] != "absent":
             files["%s/%s.env" % (SECRETS_DIR, item["name"])] = "".join(environment_file_line(k, v) for k, v in pairs)
@@ -256,7 +335,10 @@ def _raw_options(name, field, options):
                 value = "yes" if value else "no"
             if isinstance(value, (dict, list)) or value is None:
                 _fail(name, field, "value of %s must be a string or number" % key)
-            result.append((key, _single_line(name, field, value)))
+            text = _single_line(name, field, value)
+            if text.endswith("\\"):
+                _fail(name, field, "value of %s ends in a backslash, which systemd reads as a line continuation" % key)
+            result.append((key, text))
     return result
 
 
@@ -289,9 +371,7 @@ def normalize_consumer(raw, defaults, prefix):
         raise ConsumerSpecError(
             "consumer %r: field 'name': must be 1-48 lowercase letters, digits, '-' or '_',"
             " starting with a letter or digit" % (name,))
-    item = dict(ITEM_DEFAULTS)
-    item.update(defaults)
-    item.update(raw)
+    item = layered(raw, defaults)
     unknown = sorted(set(item) - set(ITEM_DEFAULTS))
     if unknown:
         _fail(name, unknown[0], "is not a consumer setting (known: %s)" % ", ".join(sorted(ITEM_DEFAULTS)))
@@ -311,6 +391,9 @@ def normalize_consumer(raw, defaults, prefix):
         _fail(name, "writable_paths", "must be a list of absolute paths")
 
     _check_timespans(name, item)
+    backlog = None if item["backlog_exit_code"] is None else _as_int(
+        name, "backlog_exit_code", item["backlog_exit_code"], 1, 255)
+    timeout = parse_timespan(item["timeout"])
     required_paths = [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
     ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
@@ -327,16 +410,21 @@ def normalize_consumer(raw, defaults, prefix):
         "exec_start": None if item["command"] is None else " ".join(
             systemd_quote(word) for word in split_command(name, item["command"])),
         "environment": [systemd_environment(*pair) for pair in _variables(name, "environment", item["environment"])],
-        "environment_file": item["environment_file"] and _absolute_path(name, "environment_file", item["environment_file"]),
+        "environment_file": item["environment_file"] and systemd_glob_path(
+            _bare_path(name, "environment_file", item["environment_file"])),
         "secret_names": [key for key, value in _variables(name, "secret_environment", item["secret_environment"])],
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
-        "working_directory": item["working_directory"] and _absolute_path(name, "working_directory", item["working_directory"]),
-        "writable_paths": [_absolute_path(name, "writable_paths", path) for path in item["writable_paths"]],
+        "working_directory": item["working_directory"] and systemd_path(
+            _working_directory(name, item["working_directory"])),
+        "writable_paths": [systemd_word(_absolute_path(name, "writable_paths", path)) for path in item["writable_paths"]],
         "required_paths": required_paths,
         "user": str(item["user"]),
         "group": str(item["group"]),
         "hardening": hardening,
         "spans": {field: str(item[field]).strip() for field in TIME_KEYS},
+        "backlog_exit_code": backlog,
+        # each batch of a drain gets its own timeout; 0: none
+        "timeout_usec": 0 if timeout == float("inf") else int(round(timeout * 1e6)),
         "resources": _resources(name, item),
         "service_options": _raw_options(name, "service_options", item["service_options"]),
         "timer_options": _raw_options(name, "timer_options", item["timer_options"]),

@@ -156,10 +156,49 @@ consumers:
           type: raw
           sample: 0
         log:
-          description: The last O(log_lines) lines that run wrote, oldest first.
+          description:
+            - The last O(log_lines) lines that run wrote, oldest first.
+            - For a consumer that drains a backlog (C(backlog_exit_code)), the lines of the run's last batch only.
           type: list
           elements: str
           sample: [processed 100 items]
+        batches:
+          description:
+            - How many batches the run had, for a consumer that drains a backlog (C(backlog_exit_code)):
+              batches follow each other in one run while each says more work is waiting.
+            - Only for such consumers.
+          type: int
+          sample: 42
+        last_batch:
+          description:
+            - The run's last batch, from the record C(batchq-drain) writes at its end; only for
+              consumers with C(backlog_exit_code).
+          type: dict
+          contains:
+            number:
+              description: Its number in the run, from 1.
+              type: int
+              sample: 42
+            started:
+              description: Start, ISO 8601 in UTC.
+              type: str
+              sample: "2026-11-29T11:58:40.645629Z"
+            finished:
+              description: End, ISO 8601 in UTC.
+              type: str
+              sample: "2026-11-29T11:58:40.745629Z"
+            duration_s:
+              description: Seconds from start to end.
+              type: float
+              sample: 0.1
+            result:
+              description: C(success) (the queue was empty), C(backlog) (more work waits), C(exit-code) or C(signal).
+              type: str
+              sample: success
+            exit_status:
+              description: The exit status, or the signal's name.
+              type: raw
+              sample: 0
     running_since:
       description: When the running batch began, ISO 8601 in UTC; null when none runs.
       type: str
@@ -199,11 +238,16 @@ from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
+    BATCH_END,
+    BATCH_FIELDS,
     RUN_MESSAGES,
     SERVICE_PROPERTIES,
     TIMER_PROPERTIES,
     consumer_report,
     consumer_units,
+    is_drain,
+    iso,
+    parse_batch_end,
     parse_journal_lines,
     parse_journal_runs,
     parse_show,
@@ -251,14 +295,22 @@ class Host:
             self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=%d" % ((history + 2) * 5),
             "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS", "--"] + matches))
 
-    def log(self, run, lines):
-        """The last lines of one run's own output, read from its start (or end) on."""
+    def log(self, run, lines, identifier=None):
+        """The last lines of one run's own output (of one batch of a drain), read from its start (or end) on."""
         if not lines or not run["invocation_id"]:
             return []
         since = datetime.fromisoformat((run["started"] or run["finished"]).replace("Z", "+00:00")).timestamp()
+        batch = ["SYSLOG_IDENTIFIER=" + identifier] if identifier else []
         return parse_journal_lines(self.run([
             self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE", "--lines=%d" % lines,
-            "--since=@%d" % (int(since) - 1), "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
+            "--since=@%d" % (int(since) - 1), "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]] + batch))
+
+    def last_batch(self, run):
+        """The last batch of a drain run, from batchq-drain's own records."""
+        return parse_batch_end(self.run([
+            self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=1",
+            "--output-fields=" + ",".join(BATCH_FIELDS), "MESSAGE_ID=" + BATCH_END,
+            "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
 
 
 def journal_refusal():
@@ -331,8 +383,16 @@ def main():
                 if service.get("LoadState") == "loaded" and "template" not in units else []
             consumer, said = consumer_report(service, timer, runs, [], params["history"], now_realtime,
                                              now_monotonic, timers.get(units.get("starter")))
-            if consumer["last_run"] is not None:
-                consumer["last_run"]["log"] = host.log(consumer["last_run"], params["log_lines"])
+            last = consumer["last_run"]
+            identifier = None  # a drain's batches are told apart by their SYSLOG_IDENTIFIER
+            if last is not None and last["invocation_id"] and is_drain(service):
+                batch = host.last_batch(last)
+                identifier = batch.pop("log_identifier") if batch else None
+                last["batches"] = batch["number"] if batch else 0
+                last["last_batch"] = batch and dict(batch, started=iso(batch["started"]),
+                                                    finished=iso(batch["finished"]))
+            if last is not None:
+                last["log"] = host.log(last, params["log_lines"], identifier)
         except CommandError as exc:
             return key, None, [], str(exc)
         return key, consumer, said, None

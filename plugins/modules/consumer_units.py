@@ -62,6 +62,17 @@ options:
     type: list
     elements: str
     default: []
+  finish:
+    description:
+      - Services (names or glob patterns) whose running drain, if any, ends after the batch in
+        flight: the consumers that drain a backlog (C(backlog_exit_code)) run batch after batch
+        in one activation, and are asked (SIGUSR1 to C(batchq-drain)) to start no further batch.
+        A batch in flight is never stopped.
+      - The services of O(stop) timers, and services whose unit file O(units) rewrites, are
+        finished too.
+    type: list
+    elements: str
+    default: []
   verify:
     description:
       - Check O(units) with C(systemd-analyze verify) before writing them. Set it to V(false)
@@ -112,10 +123,17 @@ stopped:
   type: list
   elements: str
   sample: []
+finished:
+  description: Services whose running drain was asked to end after its batch in flight.
+  returned: always
+  type: list
+  elements: str
+  sample: []
 """
 
 import os
 import shutil
+import signal
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -175,6 +193,37 @@ def install(module, units, unit_dir):
     return written, diffs
 
 
+def finish_drains(module, patterns):
+    """Ask the running drains among the services matching patterns to end after
+    their batch in flight; returns the services asked.
+
+    Only a main process that is batchq-drain is signalled: SIGUSR1 would kill
+    any other consumer.
+    """
+    if not patterns or module.check_mode:
+        return []
+    systemctl = module.get_bin_path("systemctl", required=True)
+    rc, out, err = module.run_command([systemctl, "list-units", "--plain", "--no-legend", "--state=activating",
+                                       "--"] + patterns, environ_update=LANG_C, check_rc=True)
+    running = [line.split()[0] for line in out.splitlines() if line.strip()]
+    if not running:
+        return []
+    rc, out, err = module.run_command([systemctl, "show", "--property=Id,MainPID", "--"] + running,
+                                      environ_update=LANG_C, check_rc=True)
+    asked = []
+    for unit, fields in parse_show(out).items():
+        pid = int(fields.get("MainPID") or 0)
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                is_drain = pid > 0 and b"batchq-drain" in handle.read()
+            if is_drain:
+                os.kill(pid, signal.SIGUSR1)
+                asked.append(unit)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the batch ended meanwhile
+    return asked
+
+
 def unit_states(module, units):
     """{unit: (UnitFileState, ActiveState)} in one systemctl call."""
     if not units:
@@ -227,7 +276,7 @@ def switch_timers(module, start, stop):
                 module.run_command([systemctl, "stop", "--"] + starters, check_rc=True)
             module.run_command([systemctl, "disable", "--now", "--"] + to_stop, check_rc=True)
     started = sorted(set(to_enable) | {e["timer"] for e in to_schedule})
-    return started, to_stop
+    return started, to_stop, [timer[:-len(".timer")] + ".service" for timer in to_stop]
 
 
 def main():
@@ -242,6 +291,7 @@ def main():
                 "accuracy": {"type": "str", "default": "1s"},
             }},
             "stop": {"type": "list", "elements": "str", "default": []},
+            "finish": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -252,9 +302,13 @@ def main():
     if units and module.params["verify"]:
         verify(module, units)
     written, diffs = install(module, units, module.params["unit_dir"])
-    started, stopped = switch_timers(module, module.params["start"], module.params["stop"])
-    module.exit_json(changed=bool(written or started or stopped), written=written,
-                     started=started, stopped=stopped, diff=diffs)
+    # A drain started under the old definition ends after its batch in flight;
+    # the next batch runs under the new one (batchq.continue@.service).
+    rewritten = [name.replace("@.service", "@*.service") for name in written if name.endswith(".service")]
+    started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"])
+    finished = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
+    module.exit_json(changed=bool(written or started or stopped or finished), written=written,
+                     started=started, stopped=stopped, finished=finished, diff=diffs)
 
 
 if __name__ == "__main__":

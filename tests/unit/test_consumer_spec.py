@@ -1,7 +1,10 @@
 """Validation and quoting of consumer definitions (pure functions, no host)."""
 
+import pathlib
+
 import pytest
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import DEFAULT_ACCOUNT, SECRETS_DIR
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     normalize_consumers,
@@ -31,16 +34,23 @@ def test_infinity_is_infinite():
     assert parse_timespan("infinity") == float("inf")
 
 
-@pytest.mark.parametrize("text", ["1 fortnight", "-5s", "", "5 s s", "1mx", "s", True, None, "1h,2m"])
+@pytest.mark.parametrize("text", ["1 fortnight", "-5s", "", "5 s s", "1mx", "s", True, None, "1h,2m",
+                                  "99999999999999y", "18446744073709551615us", "584542y 1y"])
 def test_timespans_systemd_rejects(text):
     with pytest.raises(ValueError):
         parse_timespan(text)
 
 
+def test_a_span_just_below_what_systemd_counts_is_accepted():
+    # systemd-analyze timespan takes 584541y (252 and 257) and refuses 584542y
+    assert parse_timespan("584541y") == pytest.approx(584541 * 31557600)
+
+
 def test_defaults_of_a_minimal_consumer():
     consumer = one()
     assert consumer["spans"] == {
-        "interval": "1min", "start_delay": "5s", "accuracy": "1s", "jitter": "0", "timeout": "1h"}
+        "interval": "1min", "start_delay": "5s", "accuracy": "1s", "jitter": "0", "timeout": "1h",
+        "stop_timeout": "30s"}
     assert (consumer["service_unit"], consumer["timer_unit"]) == ("batchq-thumbs.service", "batchq-thumbs.timer")
     assert consumer["timers"] == ["batchq-thumbs.timer"]
     assert (consumer["user"], consumer["group"], consumer["hardening"]) == ("batchq", "batchq", True)
@@ -59,6 +69,41 @@ def test_defaults_lie_under_items_and_prefix_names_units():
     assert [c["spans"]["interval"] for c in consumers] == ["30s", "5s"]
     assert consumers[0]["resources"] == {"Nice": "5"}
     assert consumers[1]["service_unit"] == "jobs-mail.service"
+
+
+def test_dict_defaults_merge_with_the_consumers_own_which_win():
+    defaults = {
+        "environment": {"A": "1", "SHARED": "default"},
+        "service_options": {"Nice": 5, "SyslogIdentifier": "jobs"},
+        "timer_options": {"Persistent": True},
+    }
+    consumer = normalize_consumers([dict(
+        GOOD, environment={"B": "2", "SHARED": "own"}, service_options={"Nice": 7},
+        timer_options={"WakeSystem": False})], defaults)[0]
+    assert consumer["environment"] == ['"A=1"', '"B=2"', '"SHARED=own"']
+    assert consumer["service_options"] == [("Nice", "7"), ("SyslogIdentifier", "jobs")]
+    assert consumer["timer_options"] == [("Persistent", "yes"), ("WakeSystem", "no")]
+    assert defaults["environment"] == {"A": "1", "SHARED": "default"}  # not changed in place
+
+
+def test_secret_defaults_merge_the_same_way_in_units_and_files():
+    defaults = {"secret_environment": {"DB_PASSWORD": "d", "TOKEN": "default"}}
+    consumers = [dict(GOOD, secret_environment={"TOKEN": "own"})]
+    assert normalize_consumers(consumers, defaults)[0]["secret_names"] == ["DB_PASSWORD", "TOKEN"]
+    assert secret_files(consumers, defaults) == {"/etc/batchq/thumbs.env": 'DB_PASSWORD="d"\nTOKEN="own"\n'}
+
+
+def test_secrets_only_in_the_defaults_give_every_consumer_a_file():
+    consumers = [GOOD, dict(GOOD, name="mail")]
+    defaults = {"secret_environment": {"TOKEN": "t"}}
+    assert [c["secret_file"] for c in normalize_consumers(consumers, defaults)] == [
+        "/etc/batchq/thumbs.env", "/etc/batchq/mail.env"]
+    assert sorted(secret_files(consumers, defaults)) == ["/etc/batchq/mail.env", "/etc/batchq/thumbs.env"]
+
+
+def test_a_dict_over_a_non_dict_default_is_still_validated():
+    with pytest.raises(ConsumerSpecError, match="'thumbs': field 'environment'"):
+        normalize_consumers([GOOD], {"environment": ["A=1"]})
 
 
 def test_absent_consumer_needs_no_command():
@@ -84,6 +129,27 @@ def test_environment_doubles_percent_but_keeps_dollar():
     assert systemd_environment("A", '50% "$HOME" \\') == '"A=50%% \\"$HOME\\" \\\\"'
 
 
+def test_paths_reach_systemd_escaped_for_each_settings_own_parser():
+    consumer = one(writable_paths=["/srv/with space", '/srv/q"x\\y', "/srv/100%"],
+                   working_directory="/srv/pct%nx dir", environment_file="/etc/app [1]/*?%i.env")
+    # a space-separated list of quoted words with specifiers
+    assert consumer["writable_paths"] == ['"/srv/with space"', '"/srv/q\\"x\\\\y"', '"/srv/100%%"']
+    # the rest of the line, unquoted, with specifiers
+    assert consumer["working_directory"] == "/srv/pct%%nx dir"
+    # the rest of the line with specifiers, then a glob pattern
+    assert consumer["environment_file"] == "/etc/app \\[1]/\\*\\?%%i.env"
+    # the host checks look for the paths as written
+    assert [p["path"] for p in consumer["required_paths"]] == [
+        "/etc/app [1]/*?%i.env", "/srv/pct%nx dir", "/srv/with space", '/srv/q"x\\y', "/srv/100%"]
+
+
+def test_raw_options_keep_specifiers_and_percent_signs():
+    consumer = one(instances=2, service_options={"SyslogIdentifier": "thumbs-%i", "CPUWeight": "idle",
+                                                 "MemoryHigh": "80%"})
+    assert consumer["service_options"] == [
+        ("CPUWeight", "idle"), ("MemoryHigh", "80%"), ("SyslogIdentifier", "thumbs-%i")]
+
+
 def test_string_command_splits_like_a_shell_and_list_is_kept():
     assert one(command="/bin/echo 'a b' c\\ d")["exec_start"] == '"/bin/echo" "a b" "c d"'
     assert one(command=["/bin/echo", "a b", "$x"])["exec_start"] == '"/bin/echo" "a b" "$$x"'
@@ -99,6 +165,9 @@ BAD = [
     ("zero interval", {"interval": "0"}, ["'thumbs'", "'interval'"]),
     ("implicit infinite timeout", {"timeout": "0"}, ["'thumbs'", "'timeout'", "infinity"]),
     ("infinite interval", {"interval": "infinity"}, ["'thumbs'", "'interval'"]),
+    ("implicit infinite stop timeout", {"stop_timeout": "0"}, ["'thumbs'", "'stop_timeout'", "infinity"]),
+    ("bad stop timeout", {"stop_timeout": "soon"}, ["'thumbs'", "'stop_timeout'", "soon"]),
+    ("absurd span", {"timeout": "99999999999999y"}, ["'thumbs'", "'timeout'", "99999999999999y", "count"]),
     ("relative command", {"command": "process_queue"}, ["'thumbs'", "'command'", "absolute"]),
     ("empty command", {"command": ""}, ["'thumbs'", "'command'", "empty"]),
     ("empty argv", {"command": []}, ["'thumbs'", "'command'", "empty"]),
@@ -123,6 +192,15 @@ BAD = [
     ("relative env file", {"environment_file": "app.env"}, ["'environment_file'", "absolute"]),
     ("relative writable path", {"writable_paths": ["data"]}, ["'writable_paths'"]),
     ("hardening as prose", {"hardening": "maybe"}, ["'hardening'"]),
+    ("raw option continues the line", {"service_options": {"Environment": "A=1 \\"}},
+     ["'service_options'", "Environment", "backslash"]),
+    ("raw timer option continues the line", {"timer_options": {"OnCalendar": ["daily", "x\\"]}},
+     ["'timer_options'", "OnCalendar", "backslash"]),
+    ("working directory continues the line", {"working_directory": "/srv/x\\"},
+     ["'working_directory'", "backslash"]),
+    ("working directory ends in a space", {"working_directory": "/srv/x "}, ["'working_directory'", "white space"]),
+    ("environment file ends in a space", {"environment_file": "/etc/x.env "}, ["'environment_file'", "white space"]),
+    ("dot-dot in a writable path", {"writable_paths": ["/srv/../etc"]}, ["'writable_paths'", "'..'"]),
 ]
 
 
@@ -132,6 +210,11 @@ def test_bad_consumers_name_consumer_and_field(fields, words):
         normalize_consumers([dict(GOOD, **fields)])
     for word in words:
         assert word in str(error.value)
+
+
+def test_stop_timeout_may_be_infinity_when_written_so():
+    assert one(stop_timeout="infinity")["spans"]["stop_timeout"] == "infinity"
+    assert one(stop_timeout="5s")["spans"]["stop_timeout"] == "5s"
 
 
 def test_root_is_allowed_when_asked_for_or_without_hardening():
@@ -177,6 +260,18 @@ def test_secret_files_escape_for_systemd_environment_files():
     assert files == {"/etc/batchq/thumbs.env": 'A="1"\nB="say \\"hi\\" \\$HOME \\`id\\` \\\\ 100%"\n'}
 
 
+def test_account_and_secrets_folder_come_from_consumer_names():
+    """Defined once, in consumer_names: the spec module spells neither out itself."""
+    from ansible_collections.batchq.consumers.plugins.module_utils import consumer_spec
+
+    source = pathlib.Path(consumer_spec.__file__).read_text()
+    assert '"%s"' % DEFAULT_ACCOUNT not in source and '"%s"' % SECRETS_DIR not in source
+    consumer = one(secret_environment={"A": "x"})
+    assert (consumer["user"], consumer["group"]) == (DEFAULT_ACCOUNT, DEFAULT_ACCOUNT)
+    assert consumer["secret_file"] == SECRETS_DIR + "/thumbs.env"
+    assert list(secret_files([dict(GOOD, secret_environment={"A": "x"})])) == [SECRETS_DIR + "/thumbs.env"]
+
+
 def test_secret_files_only_for_consumers_that_keep_units():
     consumers = [dict(GOOD, secret_environment={"A": "x"}, state="absent"), dict(GOOD, name="plain")]
     assert secret_files(consumers) == {}
@@ -194,3 +289,17 @@ def test_bad_secrets_are_refused_without_echoing_them(secrets, words):
     for word in words:
         assert word in str(error.value)
     assert "x\ny" not in str(error.value)
+
+
+@pytest.mark.parametrize("value", [0, 256, "more", True, 1.5, 75.0, -1])
+def test_bad_backlog_exit_codes_are_refused(value):
+    with pytest.raises(ConsumerSpecError) as error:
+        normalize_consumers([dict(GOOD, backlog_exit_code=value)])
+    assert "'thumbs'" in str(error.value) and "'backlog_exit_code'" in str(error.value)
+
+
+def test_backlog_exit_code_and_each_batch_timeout():
+    consumer = one(backlog_exit_code=75, timeout="2min 30s")
+    assert (consumer["backlog_exit_code"], consumer["timeout_usec"]) == (75, 150000000)
+    assert one(backlog_exit_code="1", timeout="infinity")["timeout_usec"] == 0
+    assert one()["backlog_exit_code"] is None

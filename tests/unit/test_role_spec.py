@@ -1,6 +1,7 @@
 """The role's argument specs and defaults describe the same variables."""
 
 import pathlib
+import re
 
 import yaml
 
@@ -14,3 +15,24 @@ def test_every_default_is_documented_with_its_value_and_nothing_more():
         options = specs[entry_point]["options"]
         assert sorted(options) == sorted(defaults), entry_point
         assert {name: option["default"] for name, option in options.items()} == defaults, entry_point
+
+
+def test_role_takes_the_shared_names_from_consumer_names():
+    """The account, unit folder and secrets folder are written down once, in
+    module_utils/consumer_names.py; the role's vars only point there."""
+    from ansible_collections.batchq.consumers.plugins.filter.consumers import consumer_names
+    from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names as names
+
+    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    resolved = {}
+    for variable, expression in role_vars.items():
+        match = re.fullmatch(r"\{\{ '(\w+)' \| batchq\.consumers\.consumer_names \}\}", expression)
+        assert match, "%s is not taken from consumer_names: %r" % (variable, expression)
+        resolved[variable] = consumer_names(match.group(1))
+    assert resolved == {
+        "_consumer_account": names.DEFAULT_ACCOUNT,
+        "_consumer_unit_dir": names.UNIT_DIR,
+        "_consumer_secrets_dir": names.SECRETS_DIR,
+        "_consumer_drain_runner": names.DRAIN_RUNNER,
+        "_consumer_continue_unit": names.CONTINUE_UNIT,
+    }

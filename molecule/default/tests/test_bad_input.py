@@ -32,6 +32,10 @@ CASES = [
     ("unknown time unit", fresh(interval="1 fortnight"), ["'fresh'", "'interval'", "1 fortnight"]),
     ("negative time span", fresh(timeout="-5s"), ["'fresh'", "'timeout'"]),
     ("infinite start delay", fresh(start_delay="infinity"), ["'fresh'", "'start_delay'"]),
+    ("time span beyond systemd's count", fresh(timeout="99999999999999y"), ["'fresh'", "'timeout'", "99999999999999y"]),
+    # below the Python check's bound, above systemd's own limit for one part:
+    # only systemd-analyze on the host refuses it
+    ("time span at systemd's limit", fresh(interval="584542y"), ["'fresh'", "'interval'", "584542y"]),
     ("relative command", fresh(command="process_queue --limit 100"), ["'fresh'", "'command'", "absolute"]),
     ("empty command", fresh(command=""), ["'fresh'", "'command'", "empty"]),
     ("unknown key", fresh(intervall="5s"), ["'fresh'", "'intervall'"]),
@@ -47,7 +51,8 @@ CASES = [
     ("command not on the host", fresh(command="/usr/bin/no-such-consumer"),
      ["batchq-fresh.service", "/usr/bin/no-such-consumer"]),
     ("setting systemd does not know", fresh(service_options={"FooBar": "1"}), ["batchq-fresh.service", "FooBar"]),
-]
+] + [("backlog exit code %r" % (value,), fresh(backlog_exit_code=value), ["'fresh'", "'backlog_exit_code'"])
+     for value in (0, 256, "more", True, 1.5)]
 
 
 @pytest.fixture(scope="module")

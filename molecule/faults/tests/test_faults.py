@@ -54,6 +54,25 @@ def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
         host.backend.get_hostname(), min(kill_times), max(kill_times), min(gaps), max(gaps)))
 
 
+def test_a_batch_that_ignores_sigterm_is_killed_stop_timeout_after_its_timeout(host):
+    spec = consumer_spec("stubborn")
+    timeout, stop_timeout = (float(spec[key].rstrip("s")) for key in ("timeout", "stop_timeout"))
+    # without TimeoutStopSec= the first batch alone would take timeout + 90s
+    wait_for(lambda: len(runs(host, "stubborn")) >= 3, 60, "three starts of stubborn")
+    report = consumer_info(host, "stubborn")
+    history = report["history"]
+    assert len(history) >= 2, report
+    # killed by SIGKILL, not by the SIGTERM it ignored; recorded as a timeout
+    assert all((r["result"], r["exit_code"], r["exit_status"]) == ("timeout", "killed", "KILL")
+               for r in history), report
+    kill_times = [r["duration_s"] for r in history]
+    expected = timeout + stop_timeout
+    # durations come from journal stamps, which lag the manager by a little
+    assert all(expected - 0.3 <= t <= expected + 1.5 for t in kill_times), (kill_times, journal(host, "stubborn"))
+    figure("%s SIGTERM ignored: SIGKILL after %.2f-%.2fs (timeout %gs + stop_timeout %gs)" % (
+        host.backend.get_hostname(), min(kill_times), max(kill_times), timeout, stop_timeout))
+
+
 def test_memory_leak_is_killed_and_the_next_run_follows(host):
     wait_for(lambda: len(runs(host, "leak")) >= 3, 60, "three starts of leak")
     report = consumer_info(host, "leak")

@@ -9,10 +9,12 @@ import pytest
 from testlib import (
     INVENTORY,
     ansible_module,
+    consumer_info,
     deploy,
     finished,
     journal,
     memory_kill_result,
+    next_elapse,
     runs,
     show,
     timestamp,
@@ -22,13 +24,6 @@ from testlib import (
 
 RUNS = 3  # runs the test starts of each consumer
 FINISHED = ["ok", "exit3", "killed", "hung", "hog"]
-
-
-def consumer_info(host, **options):
-    arguments = " ".join("%s=%s" % item for item in options.items())
-    result = host.ansible("batchq.consumers.consumer_info", arguments, check=False)
-    assert result.get("failed") is not True, result
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -172,12 +167,6 @@ def test_paused_consumer_with_instances_is_paused_not_missing(host):
     assert report["quiet"]["state"] == "paused", report["quiet"]
     assert report["quiet"]["timer"]["enabled"] is False and report["quiet"]["timer"]["active"] is False
     assert consumer_info(host, names="quiet")["consumers"]["quiet"]["state"] == "paused"
-
-
-def next_elapse(host, timer):
-    """NEXT of list-timers, 'Sun 2026-11-29 12:58:26 UTC' in the host's zone (UTC), in seconds."""
-    listed = host.check_output("systemctl list-timers --all --no-legend %s", timer).split()
-    return timestamp("%s %s %s.0 UTC" % tuple(listed[:3]))
 
 
 def test_timer_stopped_by_hand_is_stopped_until_a_starter_arms_it(host):

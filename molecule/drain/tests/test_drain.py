@@ -1,0 +1,195 @@
+"""A backlog drains batch after batch, each batch still bounded, isolated and
+recorded; an empty queue or a failure waits the interval. Judged from the
+records the probe writes per batch (one record set per process)."""
+
+import json
+
+import pytest
+
+from testlib import (assert_deployed, consumer_info, consumers, deploy, journal, next_elapse, scheduled_starts,
+                     show, timestamp, wait_for)
+
+MARGIN = 3.0  # seconds of slack for a loaded CI machine
+BACKLOG = 75
+
+
+def batches(host, name):
+    """Every batch a consumer ran, oldest first: its start record, with "end"
+    (time) and "status" once it recorded its end, "failing" if it failed on purpose."""
+    out = host.run("cat /var/lib/batchq/%s/runs.jsonl 2>/dev/null || true", name)
+    by_process = {}
+    for line in out.stdout.splitlines():
+        record = json.loads(line)
+        batch = by_process.setdefault((record["invocation"], record["pid"]), {})
+        if record["event"] == "start":
+            batch.update(record, start=record["time"])
+        elif record["event"] == "end":
+            batch.update(end=record["time"], status=record["status"])
+        else:
+            batch[record["event"]] = record.get("how", True)
+    return sorted((b for b in by_process.values() if "start" in b), key=lambda b: b["start"])
+
+
+def fill(host, name, items):
+    host.check_output("echo %s > /srv/queues/%s && rm -f /srv/queues/%s.failed", str(items), name, name)
+
+
+def left(host, name):
+    return int(host.check_output("cat /srv/queues/%s", name))
+
+
+def kick(host, *units):
+    """Start a batch now, as `consumer_control.yml -e consumer_action=run` would."""
+    host.check_output("systemctl start --no-block %s" % " ".join(units))
+
+
+def idle(host, unit):
+    return show(host, unit, "ActiveState")["ActiveState"] in ("inactive", "failed")
+
+
+def test_a_backlog_drains_back_to_back_then_waits_the_interval(host):
+    before = len(batches(host, "drainer"))
+    fill(host, "drainer", 200)
+    kick(host, "batchq-drainer.service")
+    wait_for(lambda: left(host, "drainer") == 0 and idle(host, "batchq-drainer.service"), 120,
+             "the drainer to empty its queue")
+    drained = batches(host, "drainer")[before:]
+    # 20 full batches, then one that finds the queue empty and exits 0
+    assert [len(b["items"]) for b in drained] == [10] * 20 + [0], journal(host, "drainer")
+    assert [b["status"] for b in drained] == [BACKLOG] * 20 + [0], journal(host, "drainer")
+    assert len({b["invocation"] for b in drained}) == 1, "one activation drains the backlog"
+    assert sorted(item for b in drained for item in b["items"]) == list(range(1, 201))
+    gaps = [later["start"] - earlier["end"] for earlier, later in zip(drained, drained[1:])]
+    assert max(gaps) < 1.0, "a batch waited %.2fs although work was waiting%s" % (max(gaps), journal(host, "drainer"))
+    for earlier, later in zip(drained, drained[1:]):
+        assert later["start"] >= earlier["end"], "two batches overlapped"
+    # the queue is empty: the next batch waits the interval (1h)
+    assert next_elapse(host, "batchq-drainer.timer") - drained[-1]["end"] > 3600 - 60
+
+
+
+@pytest.mark.parametrize("name, result", [("fails-exit", "exit-code"), ("fails-signal", "signal"),
+                                          ("fails-hang", "timeout")])
+def test_a_failure_inside_a_drain_waits_the_interval(host, name, result):
+    before = len(batches(host, name))
+    fill(host, name, 100)
+    kick(host, "batchq-%s.service" % name)
+    # The first batch that leaves 50 items or fewer fails (once): 100 -> 90 ... -> 50 fails.
+    failed = wait_for(lambda: [b for b in batches(host, name)[before:] if "failing" in b], 60,
+                      "the failing batch of %s" % name)[0]
+    wait_for(lambda: idle(host, "batchq-%s.service" % name), 30, "the failed activation to end")
+    ended = timestamp(show(host, "batchq-%s.service" % name, "InactiveEnterTimestamp")["InactiveEnterTimestamp"])
+    assert show(host, "batchq-%s.service" % name, "Result")["Result"] == result, journal(host, name)
+    following = wait_for(lambda: [b for b in batches(host, name) if b["start"] > failed["start"]], 60,
+                         "the batch after the failure")[0]
+    gap = following["start"] - ended
+    assert 8.0 - 0.1 - 0.5 <= gap <= 8.0 + MARGIN, "next batch %.2fs after the failure%s" % (gap, journal(host, name))
+    wait_for(lambda: left(host, name) == 0 and idle(host, "batchq-%s.service" % name), 60,
+             "%s to drain the rest" % name)
+
+
+def test_each_batch_has_its_own_timeout(host):
+    """20 batches of 0.3 s run in one activation far longer than timeout (2s)."""
+    before = len(batches(host, "slow"))
+    fill(host, "slow", 20)
+    kick(host, "batchq-slow.service")
+    wait_for(lambda: left(host, "slow") == 0 and idle(host, "batchq-slow.service"), 60, "slow to drain 20 items")
+    drained = batches(host, "slow")[before:]
+    assert drained[-1]["end"] - drained[0]["start"] > 2.0 * 2, "the drain was not longer than the timeout"
+    assert show(host, "batchq-slow.service", "Result")["Result"] == "success", journal(host, "slow")
+    assert all("end" in b for b in drained), journal(host, "slow")
+
+
+def test_instances_share_one_queue_each_serialized(host):
+    before = len(batches(host, "shared"))
+    fill(host, "shared", 400)
+    kick(host, "batchq-shared@1.service", "batchq-shared@2.service")
+    wait_for(lambda: left(host, "shared") == 0 and idle(host, "batchq-shared@1.service")
+             and idle(host, "batchq-shared@2.service"), 120, "both instances to empty the queue")
+    drained = batches(host, "shared")[before:]
+    assert sorted(item for b in drained for item in b["items"]) == list(range(1, 401)), "an item was lost or doubled"
+    for instance in "12":
+        own = [b for b in drained if b["instance"] == instance]
+        assert sum(len(b["items"]) for b in own) > 0, "instance %s took no part" % instance
+        for earlier, later in zip(own, own[1:]):
+            assert later["start"] >= earlier["end"], "instance %s overlapped itself" % instance
+
+
+def start_slow_drain(hosts, items=1000):
+    """A drain of 0.3 s batches that outlasts the test; returns how many batches each host had."""
+    before = {}
+    for host in hosts:
+        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "slow to be idle")
+        before[host] = len(batches(host, "slow"))
+        fill(host, "slow", items)
+        kick(host, "batchq-slow.service")
+    for host in hosts:
+        wait_for(lambda: len(batches(host, "slow")) >= before[host] + 3, 30, "three batches of the slow drain")
+    return before
+
+
+def stop_slow_drain(hosts):
+    for host in hosts:
+        fill(host, "slow", 0)
+        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "the slow drain to end on an empty queue")
+
+
+def test_pause_ends_a_drain_after_its_batch_in_flight_and_resume_goes_on(hosts):
+    before = start_slow_drain(hosts)
+    assert_deployed(deploy(consumers(slow={"state": "paused"})))
+    for host in hosts:
+        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "the drain to end after its batch in flight")
+        paused = batches(host, "slow")[before[host]:]
+        assert all("end" in b for b in paused), "a batch was killed%s" % journal(host, "slow")
+        assert paused[-1]["status"] == BACKLOG and left(host, "slow") > 0
+        assert show(host, "batchq-slow.timer", "ActiveState", "UnitFileState") == {
+            "ActiveState": "inactive", "UnitFileState": "disabled"}
+        assert show(host, "batchq-slow.service", "Result")["Result"] == "success", journal(host, "slow")
+    counts = {host: len(batches(host, "slow")) for host in hosts}
+
+    assert_deployed(deploy())
+    for host in hosts:
+        resumed = wait_for(lambda: len(batches(host, "slow")) >= counts[host] + 3 and batches(host, "slow")[counts[host]:],
+                           60, "the drain to go on after resume")
+        # nothing ran while paused; the first batch after resume waits start_delay (1s)
+        assert resumed[0]["start"] - scheduled_starts(host, "batchq-slow.timer")[-1] >= 1.0 - 0.5, journal(host, "slow")
+        gaps = [later["start"] - earlier["end"] for earlier, later in zip(resumed, resumed[1:3])]
+        assert max(gaps) < 1.0, "the resumed drain waited %.2fs between batches" % max(gaps)
+    stop_slow_drain(hosts)
+
+
+def test_a_deploy_during_a_drain_hands_over_to_the_new_definition_at_once(hosts):
+    before = start_slow_drain(hosts)
+    changed = consumers(slow={"command": "/usr/local/bin/batchq-probe drain /srv/queues/slow --limit 1 --work 0.3 --tag v2"})
+    assert_deployed(deploy(changed))
+    for host in hosts:
+        wait_for(lambda: [b for b in batches(host, "slow")[before[host]:] if b["tag"] == "v2"], 30,
+                 "a batch under the new definition")
+        drained = batches(host, "slow")[before[host]:]
+        last_old = max(i for i, b in enumerate(drained) if b["tag"] == "v1")
+        old, new = drained[last_old], drained[last_old + 1]
+        assert "end" in old and old["status"] == BACKLOG, "the batch in flight was cut short%s" % journal(host, "slow")
+        assert new["tag"] == "v2" and new["invocation"] != old["invocation"]
+        assert new["start"] - old["end"] < 2.0 + MARGIN, "%.2fs between the old and the new definition%s" % (
+            new["start"] - old["end"], journal(host, "slow"))
+    assert_deployed(deploy())  # back to v1 for the tests that follow
+    stop_slow_drain(hosts)
+
+
+def test_consumer_info_tells_the_batches_of_a_drain_apart(host):
+    wait_for(lambda: idle(host, "batchq-drainer.service"), 30, "drainer to be idle")
+    before = len(batches(host, "drainer"))
+    fill(host, "drainer", 35)
+    kick(host, "batchq-drainer.service")
+    wait_for(lambda: left(host, "drainer") == 0 and idle(host, "batchq-drainer.service"), 60, "drainer to drain 35")
+    drained = batches(host, "drainer")[before:]  # 10, 10, 10, 5
+    report = consumer_info(host, names="drainer", log_lines=10)["consumers"]["drainer"]
+    last = report["last_run"]
+    assert last["result"] == "success" and last["invocation_id"] == drained[-1]["invocation"].replace("-", "")
+    assert last["batches"] == len(drained) == 4
+    batch = last["last_batch"]
+    assert (batch["number"], batch["result"], batch["exit_status"]) == (4, "success", 0), last
+    assert abs(timestamp_of(batch["started"]) - drained[-1]["start"]) < 1
+    assert abs(timestamp_of(batch["finished"]) - drained[-1]["end"]) < 1
+    # the log lines are the last batch's own: the probe prints its items there
+    assert last["log"] and all('"batch": "4"' in line for line in last["log"] if "batchq-probe" in line), last["log"]

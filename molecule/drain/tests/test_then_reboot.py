@@ -1,0 +1,23 @@
+"""A host that restarts in the middle of a drain goes on draining start_delay
+after boot. Runs last: it restarts the hosts."""
+
+import subprocess
+import time
+
+from test_drain import batches, left, start_slow_drain, stop_slow_drain
+from testlib import journal, timestamp, wait_for
+
+
+def test_a_drain_goes_on_after_a_reboot(hosts):
+    start_slow_drain(hosts)
+    for host in hosts:
+        name = host.backend.get_hostname()
+        rebooted_at = time.time()
+        subprocess.run(["docker", "restart", name], check=True, stdout=subprocess.DEVNULL, timeout=120)
+        booted = timestamp(host.check_output("systemctl show --timestamp=us+utc --value --property=UserspaceTimestamp"))
+        assert booted > rebooted_at
+        after = wait_for(lambda: [b for b in batches(host, "slow") if b["start"] > booted], 60,
+                         "the drain to go on after the reboot of %s" % name)
+        assert 1.0 - 0.5 <= after[0]["start"] - booted <= 1.0 + 5.0, journal(host, "slow")
+        assert left(host, "slow") > 0
+    stop_slow_drain(hosts)
