@@ -115,7 +115,7 @@ run_distro() {
   deploy
   daemon_units
   if $drain_mode; then
-    wrapper=$(inside sed -n 's|^ExecStart=[^ ]* -I \([^ ]*\) .*|\1|p' "/etc/systemd/system/batchq-bench-${batches[0]}.service")
+    wrapper=$(inside sed -n '/^ExecStart=/s|.* "\{0,1\}\(/[^ "]*batchq-drain\).*|\1|p' "/etc/systemd/system/batchq-bench-${batches[0]}.service")
   else
     wrapper=/usr/local/lib/drain-bench/batchq-drain
     inside mkdir -p "${wrapper%/*}"
@@ -163,7 +163,12 @@ run_distro() {
   docker rm -f "$host" >/dev/null
 }
 
-run_distro 12 "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
-run_distro 13 "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}"
-echo
-python3 benchmarks/drain/table.py "$work/starts" "$work/results" "$items"
+# In a function, read whole before it runs: editing this file during a run is safe.
+main() {
+  run_distro 12 "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
+  run_distro 13 "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}"
+  echo
+  python3 benchmarks/drain/table.py "$work/starts" "$work/results" "$items"
+}
+main
+exit
