@@ -73,8 +73,7 @@ deploy() {
 
 # (b): the rendered unit of bench-B with the daemon's lines in place of the
 # oneshot's, so that every sandbox line is the role's, not a copy from memory;
-# the lines of the drain mode (exit status 75 is a success, the wrapper's
-# notifications, its hand-over to the next activation) go. Prints the difference.
+# the line of the drain mode (the hand-over to the next activation) goes. Prints the difference.
 daemon_units() {
   local b
   for b in "${batches[@]}"; do
@@ -82,7 +81,7 @@ daemon_units() {
       -e "s|^Description=.*|Description=drain benchmark daemon, batch $b|" \
       -e 's|^Type=oneshot$|Type=simple|' \
       -e "s|^ExecStart=.*|ExecStart=/usr/local/bin/drain-consumer --loop /srv/drain/$b $b|" \
-      -e '/^SuccessExitStatus=/d' -e '/^NotifyAccess=/d' -e '/^OnSuccess=/d' >"$work/bench-daemon-$b.service"
+      -e '/^OnSuccess=/d' >"$work/bench-daemon-$b.service"
     docker cp -q "$work/bench-daemon-$b.service" "$host:/etc/systemd/system/"
   done
   inside systemctl daemon-reload

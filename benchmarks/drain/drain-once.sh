@@ -23,7 +23,7 @@ case $variant in
   a) systemctl start "batchq-bench-$batch.service" ;;
   b) systemctl start --wait "bench-daemon-$batch.service" ;;
   c) while "$consumer" "$dir" "$batch" >/dev/null; [ $? -eq 75 ]; do :; done ;;
-  w) python3 -I "$wrapper" 75 0 -- "$consumer" "$dir" "$batch" ;;
+  w) python3 -I "$wrapper" 75 0 0 -- "$consumer" "$dir" "$batch" ;;
   *) echo "drain-once: no variant $variant" >&2; exit 2 ;;
 esac
 ended=$EPOCHREALTIME

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
+    BATCH_END,
     CONTINUE_UNIT,
     DEFAULT_ACCOUNT,
     DEFAULT_PREFIX,
@@ -65,7 +66,7 @@ _value:
 # What the role's vars/main.yml takes from consumer_names, so that each is
 # written down once for the Python and the role alike.
 NAMES = {"account": DEFAULT_ACCOUNT, "secrets_dir": SECRETS_DIR, "unit_dir": UNIT_DIR,
-         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT}
+         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT, "batch_end": BATCH_END}
 
 
 def consumers(value, defaults=None, prefix=DEFAULT_PREFIX):

@@ -63,8 +63,10 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
         if match.group("dropin"):
             continue  # the user's own drop-ins of a consumer that stays
         if in_wants:
-            if kind == "timer" and posixpath.basename(path) not in consumer["timers"]:
-                stop.update([loaded_only(posixpath.basename(path)), loaded_only(starter_unit(posixpath.basename(path)))])
+            timer = posixpath.basename(path)
+            if kind == "timer" and timer not in consumer["timers"]:
+                stop.update([loaded_only(timer), loaded_only(starter_unit(timer))])
+                drain.add(timer[:-len(".timer")] + ".service")  # a drain of that instance must end too
                 remove.add(path)
             continue
         if posixpath.basename(path) in (consumer["service_unit"], consumer["timer_unit"]):

@@ -19,6 +19,8 @@ UNIT_DIR = "/etc/systemd/system"
 DRAIN_RUNNER = "/usr/local/lib/batchq/batchq-drain"
 # OnSuccess= of such a consumer: its drain goes on after a deploy (templates/consumer.continue.j2).
 CONTINUE_UNIT = "batchq.continue@.service"
+# MESSAGE_ID of the record the runner writes at the end of each batch.
+BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
 
 # A consumer's units: <prefix><name>.service/.timer, or with instances the
 # templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*

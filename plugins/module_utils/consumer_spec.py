@@ -67,6 +67,11 @@ USEC_INFINITY = 2 ** 64 - 1
 MERGED_KEYS = ("environment", "secret_environment", "service_options", "timer_options")
 STATES = ("present", "paused", "absent")
 MAX_INSTANCES = 64
+# A backlog exit is a success that starts the next batch at once, so it must
+# never be a status a crash gives: 1 (an uncaught exception, `set -e`), 2
+# (usage errors), 126-127 (cannot run), 128+N (killed, in a shell), 200-243
+# (systemd could not set the run up). 75 (EX_TEMPFAIL) is the usual choice.
+BACKLOG_CODES = (3, 125)
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -392,10 +397,13 @@ def normalize_consumer(raw, defaults, prefix):
 
     _check_timespans(name, item)
     backlog = None if item["backlog_exit_code"] is None else _as_int(
-        name, "backlog_exit_code", item["backlog_exit_code"], 1, 255)
+        name, "backlog_exit_code", item["backlog_exit_code"], *BACKLOG_CODES)
     usec = {field: 0 if seconds == float("inf") else int(round(seconds * 1e6))
             for field, seconds in ((f, parse_timespan(item[f])) for f in LIMIT_KEYS)}
-    required_paths = [
+    argv = None if item["command"] is None else split_command(name, item["command"])
+    # Also for a drain, whose ExecStart= names the runner: verify never sees the command.
+    required_paths = [{"field": "command", "path": argv[0]}] if argv else []
+    required_paths += [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
     ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
     unit = prefix + name
@@ -408,8 +416,7 @@ def normalize_consumer(raw, defaults, prefix):
         "service_unit": service,
         "timer_unit": timer,
         "timers": [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)],
-        "exec_start": None if item["command"] is None else " ".join(
-            systemd_quote(word) for word in split_command(name, item["command"])),
+        "exec_start": None if argv is None else " ".join(systemd_quote(word) for word in argv),
         "environment": [systemd_environment(*pair) for pair in _variables(name, "environment", item["environment"])],
         "environment_file": item["environment_file"] and systemd_glob_path(
             _bare_path(name, "environment_file", item["environment_file"])),

@@ -240,8 +240,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import BATCH_END
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
-    BATCH_END,
     BATCH_FIELDS,
     RUN_MESSAGES,
     SERVICE_PROPERTIES,
@@ -313,7 +313,7 @@ class Host:
         return parse_batch_end(self.run([
             self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=1",
             "--output-fields=" + ",".join(BATCH_FIELDS), "MESSAGE_ID=" + BATCH_END,
-            "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
+            "BATCHQ_INVOCATION_ID=" + run["invocation_id"]]))
 
 
 def journal_refusal():

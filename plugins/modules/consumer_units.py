@@ -57,6 +57,10 @@ options:
         description: How late systemd may start it (C(AccuracySec=) of the transient timer).
         type: str
         default: 1s
+      jitter:
+        description: A random delay up to this long is added (C(RandomizedDelaySec=) of the transient timer).
+        type: str
+        default: "0"
   stop:
     description: Timers to stop and disable, with a start that is still scheduled.
     type: list
@@ -135,6 +139,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit
@@ -213,15 +218,31 @@ def finish_drains(module, patterns):
     asked = []
     for unit, fields in parse_show(out).items():
         pid = int(fields.get("MainPID") or 0)
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as handle:
-                is_drain = pid > 0 and b"batchq-drain" in handle.read()
-            if is_drain:
+        if pid > 0 and drain_ready(pid):
+            try:
                 os.kill(pid, signal.SIGUSR1)
                 asked.append(unit)
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # the batch ended meanwhile
+            except ProcessLookupError:
+                pass  # the run ended meanwhile
     return asked
+
+
+def drain_ready(pid, patience=5.0):
+    """Whether pid is batchq-drain, waiting until it handles SIGUSR1: a runner
+    that is still starting would be killed by it."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                if b"batchq-drain" not in handle.read():
+                    return False
+            with open("/proc/%d/status" % pid, encoding="utf-8") as handle:
+                caught = next(int(line.split()[1], 16) for line in handle if line.startswith("SigCgt:"))
+        except (FileNotFoundError, ProcessLookupError, StopIteration):
+            return False
+        if caught & (1 << (signal.SIGUSR1 - 1)) or time.monotonic() > deadline:
+            return bool(caught & (1 << (signal.SIGUSR1 - 1)))
+        time.sleep(0.05)
 
 
 def unit_states(module, units):
@@ -235,7 +256,7 @@ def unit_states(module, units):
             for unit, fields in parse_show(out).items()}
 
 
-def schedule_start(module, timer, delay, accuracy):
+def schedule_start(module, timer, delay, accuracy, jitter):
     """Start timer after delay by a transient timer that outlives this module run."""
     systemctl = module.get_bin_path("systemctl", required=True)
     if delay.strip() in ("0", "0s", ""):
@@ -249,6 +270,9 @@ def schedule_start(module, timer, delay, accuracy):
         module.get_bin_path("systemd-run", required=True), "--quiet",
         "--unit=" + starter[:-len(".timer")], "--description=Start %s after its start_delay" % timer,
         "--on-active=" + delay, "--timer-property=AccuracySec=" + accuracy,
+        # Long after boot the consumer's own timer fires at once when started,
+        # so the spread of a fleet's first batches is the starter's to make.
+        "--timer-property=RandomizedDelaySec=" + jitter,
         "--timer-property=RemainAfterElapse=no", "--collect",
         "--", systemctl, "start", "--no-block", timer], check_rc=True)
 
@@ -269,7 +293,7 @@ def switch_timers(module, start, stop):
         if to_enable:
             module.run_command([systemctl, "enable", "--"] + to_enable, check_rc=True)
         for entry in to_schedule:
-            schedule_start(module, entry["timer"], entry["delay"], entry["accuracy"])
+            schedule_start(module, entry["timer"], entry["delay"], entry["accuracy"], entry["jitter"])
         if to_stop:
             starters = [starter_unit(t) for t in to_stop if active(starter_unit(t))]
             if starters:
@@ -289,6 +313,7 @@ def main():
                 "timer": {"type": "str", "required": True},
                 "delay": {"type": "str", "default": "0"},
                 "accuracy": {"type": "str", "default": "1s"},
+                "jitter": {"type": "str", "default": "0"},
             }},
             "stop": {"type": "list", "elements": "str", "default": []},
             "finish": {"type": "list", "elements": "str", "default": []},

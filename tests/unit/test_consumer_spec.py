@@ -140,7 +140,7 @@ def test_paths_reach_systemd_escaped_for_each_settings_own_parser():
     assert consumer["environment_file"] == "/etc/app \\[1]/\\*\\?%%i.env"
     # the host checks look for the paths as written
     assert [p["path"] for p in consumer["required_paths"]] == [
-        "/etc/app [1]/*?%i.env", "/srv/pct%nx dir", "/srv/with space", '/srv/q"x\\y', "/srv/100%"]
+        "/usr/bin/process_queue", "/etc/app [1]/*?%i.env", "/srv/pct%nx dir", "/srv/with space", '/srv/q"x\\y', "/srv/100%"]
 
 
 def test_raw_options_keep_specifiers_and_percent_signs():
@@ -244,6 +244,7 @@ def test_bad_role_variables(consumers, defaults, prefix, words):
 def test_required_paths_are_listed_for_the_host_check():
     consumer = one(environment_file="/etc/app.env", writable_paths=["/srv/out"])
     assert consumer["required_paths"] == [
+        {"field": "command", "path": "/usr/bin/process_queue"},
         {"field": "environment_file", "path": "/etc/app.env"},
         {"field": "writable_paths", "path": "/srv/out"},
     ]
@@ -291,7 +292,7 @@ def test_bad_secrets_are_refused_without_echoing_them(secrets, words):
     assert "x\ny" not in str(error.value)
 
 
-@pytest.mark.parametrize("value", [0, 256, "more", True, 1.5, 75.0, -1])
+@pytest.mark.parametrize("value", [0, 256, "more", True, 1.5, 75.0, -1, 1, 2, 126, 127, 200, 255])
 def test_bad_backlog_exit_codes_are_refused(value):
     with pytest.raises(ConsumerSpecError) as error:
         normalize_consumers([dict(GOOD, backlog_exit_code=value)])
@@ -302,5 +303,5 @@ def test_backlog_exit_code_and_each_batch_timeout():
     consumer = one(backlog_exit_code=75, timeout="2min 30s", stop_timeout="5s")
     assert (consumer["backlog_exit_code"], consumer["timeout_usec"], consumer["stop_timeout_usec"]) == (
         75, 150000000, 5000000)
-    assert one(backlog_exit_code="1", timeout="infinity")["timeout_usec"] == 0
+    assert one(backlog_exit_code="3", timeout="infinity")["timeout_usec"] == 0
     assert one()["backlog_exit_code"] is None

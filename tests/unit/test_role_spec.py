@@ -35,4 +35,13 @@ def test_role_takes_the_shared_names_from_consumer_names():
         "_consumer_secrets_dir": names.SECRETS_DIR,
         "_consumer_drain_runner": names.DRAIN_RUNNER,
         "_consumer_continue_unit": names.CONTINUE_UNIT,
+        "_consumer_batch_end": names.BATCH_END,
     }
+
+
+def test_the_runner_writes_the_record_consumer_info_reads():
+    """batchq-drain runs on the hosts on its own, so it spells the MESSAGE_ID out itself."""
+    from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names as names
+
+    runner = (ROLE / "files" / "batchq-drain").read_text()
+    assert 'BATCH_END = "%s"' % names.BATCH_END in runner

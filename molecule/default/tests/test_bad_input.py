@@ -49,10 +49,12 @@ CASES = [
     ("missing environment file", fresh(environment_file="/etc/batchq/none.env"),
      ["'fresh'", "'environment_file'", "/etc/batchq/none.env"]),
     ("command not on the host", fresh(command="/usr/bin/no-such-consumer"),
-     ["batchq-fresh.service", "/usr/bin/no-such-consumer"]),
+     ["'fresh'", "'command'", "/usr/bin/no-such-consumer"]),
+    ("command of a drain not on the host", fresh(command="/usr/bin/no-such-consumer", backlog_exit_code=75),
+     ["'fresh'", "'command'", "/usr/bin/no-such-consumer"]),
     ("setting systemd does not know", fresh(service_options={"FooBar": "1"}), ["batchq-fresh.service", "FooBar"]),
 ] + [("backlog exit code %r" % (value,), fresh(backlog_exit_code=value), ["'fresh'", "'backlog_exit_code'"])
-     for value in (0, 256, "more", True, 1.5)]
+     for value in (0, 256, "more", True, 1.5, 1, 126)]
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ def test_a_backlog_drains_back_to_back_then_waits_the_interval(host):
 
 
 @pytest.mark.parametrize("name, result", [("fails-exit", "exit-code"), ("fails-signal", "signal"),
-                                          ("fails-hang", "timeout")])
+                                          ("fails-hang", "timeout"), ("fails-stubborn", "timeout")])
 def test_a_failure_inside_a_drain_waits_the_interval(host, name, result):
     before = len(batches(host, name))
     fill(host, name, 100)
@@ -81,8 +81,12 @@ def test_a_failure_inside_a_drain_waits_the_interval(host, name, result):
     ended = timestamp(show(host, "batchq-%s.service" % name, "InactiveEnterTimestamp")["InactiveEnterTimestamp"])
     last = consumer_info(host, names=name)["consumers"][name]["last_run"]
     assert last["result"] == result, journal(host, name)
-    if result == "timeout":  # killed at its own timeout (3s), not at the drain's
+    if name == "fails-hang":  # killed at its own timeout (3s), not at the drain's
         assert 3.0 - 0.1 <= last["last_batch"]["duration_s"] <= 3.0 + MARGIN, last
+        assert last["last_batch"]["exit_status"] == "TERM", last
+    if name == "fails-stubborn":  # it ignored SIGTERM: SIGKILL stop_timeout (2s) later
+        assert 5.0 - 0.1 <= last["last_batch"]["duration_s"] <= 5.0 + MARGIN, last
+        assert last["last_batch"]["exit_status"] == "KILL", last
     following = wait_for(lambda: [b for b in batches(host, name) if b["start"] > failed["start"]], 60,
                          "the batch after the failure")[0]
     gap = following["start"] - ended
@@ -104,6 +108,16 @@ def test_each_batch_has_its_own_timeout(host):
     assert drained[-1]["end"] - drained[0]["start"] > 2.0 * 2, "the drain was not longer than the timeout"
     assert show(host, "batchq-slow.service", "Result")["Result"] == "success", journal(host, "slow")
     assert all("end" in b for b in drained), journal(host, "slow")
+
+
+def test_no_batch_inherits_what_the_last_one_left_running(host):
+    before = len(batches(host, "stray"))
+    fill(host, "stray", 5)
+    kick(host, "batchq-stray.service")
+    wait_for(lambda: left(host, "stray") == 0 and idle(host, "batchq-stray.service"), 60, "stray to drain 5")
+    drained = batches(host, "stray")[before:]
+    assert len(drained) == 6 and len({b["invocation"] for b in drained}) == 1, journal(host, "stray")
+    assert [b["stray_alive"] for b in drained[1:]] == [False] * 5, journal(host, "stray")
 
 
 def test_instances_share_one_queue_each_serialized(host):
