@@ -37,7 +37,7 @@ export ANSIBLE_BECOME_METHOD=su
 work=$(mktemp -d)
 containers=(batchq-bench-drain-12 batchq-bench-drain-13)
 trap 'echo "drain.sh: failed at line $LINENO" >&2' ERR
-trap 'for c in "${containers[@]}"; do docker rm -f "$c" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
+trap 'docker rm -f "${containers[@]}" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 # Static: one execve, no dynamic loader, and it runs on both Debian releases.
 gcc -O2 -static -Wall -Wextra -Werror -o "$work/consumer" benchmarks/drain/consumer.c
@@ -124,12 +124,15 @@ run_distro() {
   sleep 2
   while inside sh -c 'systemctl list-units --state=activating --plain --no-legend "batchq-*" | grep -q .'; do sleep 1; done
 
-  printf '%s\tversions\tsystemd %s, %s\n' "$release" "$(inside sh -c 'systemctl --version | sed -n "1s/[^0-9]*\([0-9]*\).*/\1/p"')" \
-    "$(inside python3 -V)" >>"$work/starts"
   inside sh -c "echo 0 >/srv/drain/${batches[0]}/items"
-  printf '%s\tstart\t%s\t%s\n' "$release" consumer "$(start_cost 1000 "/usr/local/bin/drain-consumer /srv/drain/${batches[0]} ${batches[0]} >/dev/null")" >>"$work/starts"
-  printf '%s\tstart\t%s\t%s\n' "$release" /bin/true "$(start_cost 1000 /bin/true)" >>"$work/starts"
-  printf '%s\tstart\t%s\t%s\n' "$release" "python3 -I batchq-drain" "$(start_cost 100 "python3 -I $wrapper 2>/dev/null")" >>"$work/starts"
+  {
+    printf '%s\tversions\tsystemd %s, %s\n' "$release" \
+      "$(inside sh -c 'systemctl --version | sed -n "1s/[^0-9]*\([0-9]*\).*/\1/p"')" "$(inside python3 -V)"
+    printf '%s\tstart\t%s\t%s\n' "$release" consumer \
+      "$(start_cost 1000 "/usr/local/bin/drain-consumer /srv/drain/${batches[0]} ${batches[0]} >/dev/null")"
+    printf '%s\tstart\t%s\t%s\n' "$release" /bin/true "$(start_cost 1000 /bin/true)"
+    printf '%s\tstart\t%s\t%s\n' "$release" "python3 -I batchq-drain" "$(start_cost 100 "python3 -I $wrapper 2>/dev/null")"
+  } >>"$work/starts"
 
   for round in $(seq "$rounds"); do
     for b in "${batches[@]}"; do

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Runs inside a benchmark container (benchmarks/drain.sh copies it there):
 # fills the queue of batch size BATCH with ITEMS items, drains it one way and
 # prints "SECONDS BATCHES ITEMS" (BATCHES: lines in batches.log, one per batch

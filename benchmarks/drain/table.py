@@ -71,7 +71,7 @@ def main(starts_path, results_path, drain_items):
                     drain.append(seconds * drain_items / items)
                     for base, ratios in (("b", over_b), ("c", over_c)):
                         if (base, round_) in table and variant != base:
-                            base_seconds, _, base_items = table[base, round_]
+                            base_seconds, base_items = table[base, round_][0], table[base, round_][2]
                             ratios.append((seconds / items) / (base_seconds / base_items))
                 rows.append((
                     VARIANTS[variant] + (" *" if variant == "d" else ""), str(batch),
@@ -84,7 +84,7 @@ def main(starts_path, results_path, drain_items):
             if number == 0:
                 print("  " + "  ".join("-" * width for width in widths))
         print("  median (min-max) over %d rounds; ratios are drain time per item over the same round's (b) or (c)."
-              % max(r for _, r in runs[release, batch]))
+              % max(r for unused, r in runs[release, batch]))
         print("  * (d): 5 batches per round timed from the consumer's own start times, drain time extrapolated to N.")
         print()
 

@@ -38,7 +38,8 @@ def test_unlisted_consumers_stay_unless_exclusive():
 def test_fewer_instances_stop_the_extra_timers_only():
     found = [D + "/batchq-a@.service", D + "/batchq-a@.timer"] + [WANTS + "/batchq-a@%d.timer" % i for i in (1, 2, 3)]
     result = leftovers(found, consumers({"name": "a", "instances": 2}))
-    assert result == {"stop": ["batchq-a.3.start.time[r]", "batchq-a@3.time[r]"], "drain": ["batchq-a@3.service"], "remove": [WANTS + "/batchq-a@3.timer"], "removed": []}
+    assert result == {"stop": ["batchq-a.3.start.time[r]", "batchq-a@3.time[r]"], "drain": ["batchq-a@3.service"],
+                      "remove": [WANTS + "/batchq-a@3.timer"], "removed": []}
 
 
 def test_switching_to_instances_retires_the_plain_units():
