@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Builds a systemd-ready Debian image from Debian's own packages, because no
 # container registry is reachable from here (SYSTEMD_FACTS.md §17).
-# Usage: tools/build-image.sh SUITE [TAG]   e.g. tools/build-image.sh trixie
-# An image that already exists is reused; FORCE=1 rebuilds it.
+# Usage: tools/build-image.sh SUITE [TAG [EXTRA_PACKAGES]]
+#   e.g. tools/build-image.sh trixie
+#        tools/build-image.sh bookworm batchq/postgresql:bookworm postgresql
+# An image built by the same recipe (this script, suite and extra packages) is
+# reused; a changed recipe rebuilds it, and so does FORCE=1.
 set -euo pipefail
 
-suite=${1:?usage: tools/build-image.sh SUITE [TAG]}
+suite=${1:?usage: tools/build-image.sh SUITE [TAG [EXTRA_PACKAGES]]}
 tag=${2:-batchq/debian:$suite}
+extra=${3:-}
 
-if [ -z "${FORCE:-}" ] && docker image inspect "$tag" >/dev/null 2>&1; then
+recipe=$( { cat "$0"; echo "$suite $extra"; } | sha256sum | cut -c1-16)
+built=$(docker image inspect -f '{{ index .Config.Labels "batchq.recipe" }}' "$tag" 2>/dev/null || true)
+if [ -z "${FORCE:-}" ] && [ "$built" = "$recipe" ]; then
   echo "image $tag exists, reusing it"
   exit 0
 fi
@@ -20,8 +26,15 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}
 [ -n "$mirror" ] || { echo "no Debian mirror found in apt sources; set DEBIAN_MIRROR" >&2; exit 1; }
 
 # Everything a test needs inside a container is baked in here: containers
-# have no package mirror of their own.
-packages=systemd,systemd-sysv,dbus,python3,procps,iproute2
+# have no package mirror of their own. sudo is there to test become with it;
+# node_exporter serves the consumers' metrics; psycopg runs the PostgreSQL
+# example consumer (bullseye has only psycopg2, so not there).
+packages=systemd,systemd-sysv,dbus,python3,procps,iproute2,sudo,prometheus-node-exporter
+case $suite in
+  bullseye) ;;
+  *) packages+=,python3-psycopg ;;
+esac
+[ -z "$extra" ] || packages+=,$extra
 
 root=$(mktemp -d /var/tmp/batchq-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT
@@ -34,5 +47,6 @@ chroot "$root" systemctl mask getty.target console-getty.service systemd-network
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 : >"$root/etc/machine-id"
 
-tar -C "$root" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' -c 'ENV container=docker' - "$tag" >/dev/null
+tar -C "$root" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' -c 'ENV container=docker' \
+  -c "LABEL batchq.recipe=$recipe" - "$tag" >/dev/null
 echo "built $tag"
