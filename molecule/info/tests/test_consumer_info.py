@@ -310,3 +310,33 @@ def test_custom_prefix_and_host_patterns(hosts, tester):
     assert one.returncode == 0, one.output
     shown = {name for name in names if re.search(r"%s\s+ok\s+" % name, one.output)}
     assert shown == {name for name in names if name.endswith("debian13")}, one.output
+
+
+SUDOER_PASSWORD = "sudoer-test-only"
+
+
+@pytest.fixture(scope="module")
+def sudoer(hosts):
+    """An account that escalates with sudo and its own password, as on most fleets (the
+    image's sudoers grants the sudo group everything, with a password)."""
+    for host in hosts:
+        host.check_output("id sudoer || useradd --create-home --groups sudo sudoer")
+        host.check_output("echo sudoer:%s | chpasswd" % SUDOER_PASSWORD)
+    return {"ansible_user": "sudoer", "ansible_become_method": "sudo", "ansible_become_password": SUDOER_PASSWORD}
+
+
+def test_deploy_and_status_escalate_with_sudo(hosts, sudoer):
+    for host in hosts:  # sudo asks sudoer for a password: nothing is let through without one
+        assert host.run("su sudoer -c 'sudo -n true'").rc != 0
+    deployed = deploy([{"name": "probe", "command": "/usr/local/bin/batchq-probe run", "start_delay": "1s"}],
+                      consumer_unit_prefix="viasudo-", **sudoer)
+    assert deployed.returncode == 0, deployed.output
+    for host in hosts:
+        unit = host.file("/etc/systemd/system/viasudo-probe.service")
+        assert unit.exists and unit.user == "root", deployed.output
+        wait_for(lambda h=host: show(h, "viasudo-probe.service", "Result", "ExecMainExitTimestampMonotonic")
+                 ["ExecMainExitTimestampMonotonic"] not in ("", "0"), 60, "the first run of viasudo-probe")
+    table = status_playbook("-e", "consumer_unit_prefix=viasudo-", *("-e%s=%s" % item for item in sudoer.items()))
+    assert table.returncode == 0, table.output
+    for host in hosts:
+        assert re.search(r"%s\s+probe\s+\w+\s+success" % host.backend.get_hostname(), table.output), table.output
