@@ -7,7 +7,7 @@ BIN := $(abspath $(VENV))/bin
 CACHE := $(abspath .cache)
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
-SCENARIOS ?= default info faults drain
+SCENARIOS ?= default info faults drain fleet
 
 # Everything below runs the collection as users install it: the built tarball.
 export PATH := $(BIN):$(PATH)
@@ -39,6 +39,7 @@ engine:
 images: engine
 	tools/build-image.sh bookworm
 	tools/build-image.sh trixie
+	tools/build-image.sh bookworm batchq/postgresql:bookworm postgresql
 
 collection: $(VENV)/.installed
 	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq $(ANSIBLE_HOME)/collections

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo fleet: three systemd containers (two Debian 12, one Debian 13)
-# with the example consumers of demo/group_vars deployed and reporting.
+# with the example consumers of demo/group_vars deployed and reporting, and a
+# PostgreSQL host whose queue they drain (examples/postgresql_queue).
 #   tools/demo.sh up     start the fleet, deploy, wait for first runs, show them
 #   tools/demo.sh down   remove the fleet
 set -euo pipefail
@@ -9,8 +10,11 @@ hosts=(batchq-demo-1 batchq-demo-2 batchq-demo-3)
 images=("${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
         "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}")
 
+database=batchq-demo-db network=batchq-demo
+
 down() {
-  docker rm -f "${hosts[@]}" >/dev/null 2>&1 || true
+  docker rm -f "${hosts[@]}" "$database" >/dev/null 2>&1 || true
+  docker network rm "$network" >/dev/null 2>&1 || true
   echo "demo fleet removed"
 }
 
@@ -18,9 +22,15 @@ up() {
   for i in "${!hosts[@]}"; do
     tools/systemd-container.sh "${hosts[$i]}" "${images[$i]}"
   done
-  echo "demo fleet is up: ${hosts[*]}"
-  ansible-playbook -i demo/inventory.yml batchq.consumers.deploy_consumers
+  tools/systemd-container.sh "$database" "${BATCHQ_IMAGE_POSTGRESQL:-batchq/postgresql:bookworm}"
+  # a network of their own, where the workers find the database by name
+  docker network inspect "$network" >/dev/null 2>&1 || docker network create "$network" >/dev/null
+  for host in "${hosts[@]}" "$database"; do docker network connect "$network" "$host"; done
+  echo "demo fleet is up: ${hosts[*]} $database"
+  ansible-playbook -i demo/inventory.yml examples/postgresql_queue/database.yml
+  ansible-playbook -i demo/inventory.yml examples/postgresql_queue/deploy.yml
   ansible-playbook -i demo/inventory.yml demo/wait.yml
+  demo/drain.sh 20000
   ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_status
   echo "Look around: docker exec -it batchq-demo-1 systemctl list-timers 'batchq-*'"
   echo "Remove the fleet: make demo-down"

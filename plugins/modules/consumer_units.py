@@ -77,6 +77,15 @@ options:
     type: list
     elements: str
     default: []
+  run:
+    description:
+      - Services to start now, each only if it is idle (inactive or failed). A service whose
+        batch (or drain) is running is left alone, so a consumer never runs a second batch beside
+        a running one; were a timer to start it in between, C(systemctl start) joins that run.
+      - Nothing is started in check mode; RV(ran) still says what would start.
+    type: list
+    elements: str
+    default: []
   verify:
     description:
       - Check O(units) with C(systemd-analyze verify) before writing them. Set it to V(false)
@@ -133,6 +142,18 @@ finished:
   type: list
   elements: str
   sample: []
+ran:
+  description: Services of O(run) that were idle and were started (or would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [batchq-thumbs@1.service]
+busy:
+  description: Services of O(run) that were running a batch and were left alone.
+  returned: always
+  type: list
+  elements: str
+  sample: [batchq-thumbs@2.service]
 """
 
 import os
@@ -303,6 +324,18 @@ def switch_timers(module, start, stop):
     return started, to_stop, [timer[:-len(".timer")] + ".service" for timer in to_stop]
 
 
+def run_idle(module, services):
+    """Start the idle services among services now; returns (started, busy)."""
+    states = unit_states(module, services)
+    idle = [s for s in services if states.get(s, ("", ""))[1] in ("inactive", "failed")]
+    busy = [s for s in services if s not in idle]
+    if idle and not module.check_mode:
+        # --no-block: a drain runs for as long as work waits; this only starts it.
+        module.run_command([module.get_bin_path("systemctl", required=True), "start", "--no-block", "--"] + idle,
+                           check_rc=True)
+    return idle, busy
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -317,6 +350,7 @@ def main():
             }},
             "stop": {"type": "list", "elements": "str", "default": []},
             "finish": {"type": "list", "elements": "str", "default": []},
+            "run": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -332,8 +366,9 @@ def main():
     rewritten = [name.replace("@.service", "@*.service") for name in written if name.endswith(".service")]
     started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"])
     finished = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
-    module.exit_json(changed=bool(written or started or stopped or finished), written=written,
-                     started=started, stopped=stopped, finished=finished, diff=diffs)
+    ran, busy = run_idle(module, module.params["run"])
+    module.exit_json(changed=bool(written or started or stopped or finished or ran), written=written,
+                     started=started, stopped=stopped, finished=finished, ran=ran, busy=busy, diff=diffs)
 
 
 if __name__ == "__main__":

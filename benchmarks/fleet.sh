@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# One PostgreSQL backlog drained by 1, 2, 4 and 6 consumer instances spread over
+# three workers, against as many long-lived workers running the same claim loop
+# (issue 9). Prints jobs/s for each and the ratio.
+# Usage: make collection images && benchmarks/fleet.sh [ROUNDS]   (default 3)
+# Environment: FLEET_JOBS (default 10000), FLEET_WORK_MS (default 2), FLEET_LIMIT
+# (batch size, default 100), BATCHQ_HOST_PREFIX (container names, default batchq).
+#
+# Hosts: one PostgreSQL host (Debian's postgresql, examples/postgresql_queue/
+# database.yml) and three workers (two Debian 12, one Debian 13) on a network of
+# their own. Both variants run examples/postgresql_queue/batchq-pgqueue:
+#   consumer: the role's units (backlog_exit_code: 75, default sandbox), one
+#             `systemctl start` per instance; batchq-drain runs batch after
+#             batch, each a fresh process with a fresh connection;
+#   daemon:   `batchq-pgqueue --loop` in a transient service (systemd-run, no
+#             sandbox): one process and one connection for the whole drain.
+# Each run ends when a batch finds less than a full batch; its drain time is
+# from the start (the database's clock) to the last job marked done
+# (clock_timestamp() of its UPDATE). Rounds interleave the variants.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+jobs=${FLEET_JOBS:-10000}
+work_ms=${FLEET_WORK_MS:-2}
+limit=${FLEET_LIMIT:-100}
+prefix=${BATCHQ_HOST_PREFIX:-batchq}-bench-fleet
+export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
+export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent ANSIBLE_BECOME_METHOD=su
+database=$prefix-db network=$prefix
+workers=("$prefix-1" "$prefix-2" "$prefix-3")
+images=("${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
+        "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}")
+password=bench-only-password
+work=$(mktemp -d)
+trap 'echo "fleet.sh: failed at line $LINENO" >&2' ERR
+trap 'docker rm -f "${workers[@]}" "$database" >/dev/null 2>&1 || true
+      docker network rm "$network" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+for i in "${!workers[@]}"; do tools/systemd-container.sh "${workers[$i]}" "${images[$i]}"; done
+tools/systemd-container.sh "$database" "${BATCHQ_IMAGE_POSTGRESQL:-batchq/postgresql:bookworm}"
+docker network inspect "$network" >/dev/null 2>&1 || docker network create "$network" >/dev/null
+for host in "${workers[@]}" "$database"; do docker network connect "$network" "$host"; done
+
+cat >"$work/inventory.yml" <<EOF
+consumers: {hosts: {${workers[0]}: {}, ${workers[1]}: {}, ${workers[2]}: {}}}
+queue_db: {hosts: {$database: {}}}
+all: {vars: {ansible_connection: community.docker.docker}}
+EOF
+# Paused: the units are there, nothing starts them but this script.
+cat >"$work/vars.yml" <<EOF
+pgqueue_password: $password
+consumer_list:
+  - name: pgqueue
+    command: /usr/local/bin/batchq-pgqueue --limit $limit --work-ms $work_ms
+    backlog_exit_code: 75
+    instances: 2
+    state: paused
+    environment: {PGHOST: $database, PGDATABASE: batchq, PGUSER: batchq}
+    secret_environment: {PGPASSWORD: "{{ pgqueue_password }}"}
+EOF
+ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/database.yml >/dev/null
+ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/deploy.yml >/dev/null
+
+sql() { docker exec "$database" runuser -u postgres -- psql -d batchq -AtX -v ON_ERROR_STOP=1 -c "$1"; }
+
+# The instances of a run of N: spread over the workers, worker by worker.
+placement() {
+  local n=$1 k
+  for ((k = 0; k < n; k++)); do echo "$((k % 3)) $((k / 3 + 1))"; done
+}
+
+# One drain by N instances of a variant; prints its jobs/s.
+drain() {
+  local variant=$1 n=$2 w i started
+  sql "TRUNCATE batchq_results, batchq_jobs RESTART IDENTITY" >/dev/null
+  docker exec -e PGHOST="$database" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
+    "${workers[0]}" batchq-pgqueue-enqueue "$jobs" >/dev/null
+  started=$(sql "SELECT extract(epoch FROM clock_timestamp())")
+  while read -r w i; do
+    if [ "$variant" = consumer ]; then
+      docker exec "${workers[$w]}" systemctl start --no-block "batchq-pgqueue@$i.service"
+    else
+      docker exec "${workers[$w]}" systemd-run --quiet --collect --unit="bench-daemon-$i" \
+        -E PGHOST="$database" -E PGDATABASE=batchq -E PGUSER=batchq -E PGPASSWORD="$password" \
+        /usr/bin/python3 /usr/local/bin/batchq-pgqueue --loop --limit "$limit" --work-ms "$work_ms"
+    fi
+  done < <(placement "$n")
+  # every unit of the run has ended (waited for inside each worker, not polled from here)
+  for w in 0 1 2; do
+    docker exec "${workers[$w]}" sh -c 'while systemctl list-units --plain --no-legend --state=active,activating,deactivating \
+                                          "batchq-pgqueue@*.service" "bench-daemon-*.service" | grep -q .; do sleep 0.1; done'
+  done
+  [ "$(sql "SELECT count(*) FROM batchq_jobs WHERE state = 'done'")" = "$jobs" ] \
+    || { echo "fleet.sh: $variant x$n left jobs undone" >&2; exit 1; }
+  sql "SELECT round($jobs / (extract(epoch FROM max(done_at)) - $started)) FROM batchq_jobs"
+}
+
+counts=(1 2 4 6)
+declare -A rates
+for ((round = 1; round <= rounds; round++)); do
+  for n in "${counts[@]}"; do
+    for variant in consumer daemon; do
+      rates[$variant$n]+="$(drain "$variant" "$n") "
+    done
+    echo "round $round, $n: consumers ${rates[consumer$n]}/ daemons ${rates[daemon$n]}" >&2
+  done
+done
+
+median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+echo "jobs $jobs, work ${work_ms} ms a job, batch $limit, median of $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "| instances | consumers jobs/s | daemons jobs/s | consumers / daemons |"
+echo "| --- | --- | --- | --- |"
+for n in "${counts[@]}"; do
+  c=$(median <<<"${rates[consumer$n]}") d=$(median <<<"${rates[daemon$n]}")
+  awk -v n="$n" -v c="$c" -v d="$d" 'BEGIN {printf "| %d | %d | %d | %.2f |\n", n, c, d, c / d}'
+done

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Enqueues a backlog on the demo's PostgreSQL host and shows the fleet
+# draining it on one live line: jobs left, jobs/s, jobs done per host.
+# Usage: demo/drain.sh [JOBS]   (from tools/demo.sh up)
+set -euo pipefail
+jobs=${1:-20000}
+db=batchq-demo-db
+psql() { docker exec "$db" runuser -u postgres -- psql -d batchq -AtX -c "$1"; }
+
+psql "TRUNCATE batchq_results, batchq_jobs RESTART IDENTITY"
+password=$(awk '/^pgqueue_password:/ {print $2}' demo/group_vars/all.yml)
+docker exec -e PGHOST="$db" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
+  batchq-demo-1 batchq-pgqueue-enqueue "$jobs"
+# The consumers poll the queue every interval (5s); start them now instead.
+ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_control -e consumer_action=run \
+  -e consumer_names=pgqueue >/dev/null
+
+started=$(date +%s.%N)
+# jobs/s over the last 5 s: a batch of 100 commits at once, a 1 s rate jumps
+times=("$started") lefts=("$jobs")
+while :; do
+  line=$(psql "SELECT (SELECT count(*) FROM batchq_jobs WHERE state = 'queued') || '|' || coalesce(
+                 (SELECT string_agg(host || ' ' || n, '  ' ORDER BY host)
+                  FROM (SELECT split_part(done_by, '/', 1) AS host, count(*) AS n
+                        FROM batchq_jobs WHERE state = 'done' GROUP BY 1) AS per_host), '')")
+  left=${line%%|*} per_host=${line#*|}
+  times+=("$(date +%s.%N)") lefts+=("$left")
+  [ "${#times[@]}" -le 6 ] || { times=("${times[@]:1}"); lefts=("${lefts[@]:1}"); }
+  rate=$(awk -v a="${lefts[0]}" -v b="$left" -v t0="${times[0]}" -v t1="${times[-1]}" 'BEGIN {printf "%.0f", (a - b) / (t1 - t0)}')
+  printf '\r%6d jobs left  %5s jobs/s  done: %s   ' "$left" "$rate" "$per_host"
+  [ "$left" -gt 0 ] || break
+  sleep 1
+done
+printf '\n%d jobs drained in %.1f s by %s\n' "$jobs" "$(awk -v t0="$started" -v t1="$(date +%s.%N)" 'BEGIN {print t1 - t0}')" \
+  "$(psql "SELECT count(DISTINCT split_part(done_by, '/', 2) || split_part(done_by, '/', 1)) || ' consumer instances'
+           FROM batchq_jobs WHERE state = 'done'")"

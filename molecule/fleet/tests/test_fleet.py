@@ -1,0 +1,238 @@
+"""A fleet drains one PostgreSQL queue through real faults and loses no job.
+
+Three workers (two instances each) drain 20 000 jobs while one worker is
+killed outright in the middle of a batch and started again, another is cut off
+from the database for 30 s, a rolling deploy changes the consumers'
+environment, and the fleet is paused, resumed and kicked with
+consumer_control.yml. Judged from the database and from the records each
+consumer keeps of its own batches (batches.jsonl in its state directory).
+
+The tests run in file order: the first drives the drain, the others judge it.
+"""
+
+import json
+import subprocess
+import time
+
+import testinfra
+import yaml
+from testinfra.utils.ansible_runner import AnsibleRunner
+
+from testlib import INVENTORY, SCENARIO_DIR, deploy, figure, scenario_vars, wait_for
+
+JOBS = 20000
+FAILING = 5  # the last jobs fail every attempt
+MAX_ATTEMPTS = 3  # --max-attempts of the scenario's command
+CUT_SECONDS = 30
+MARGIN = 20.0  # seconds of slack for a loaded CI machine around the faults
+RUNNER = AnsibleRunner(INVENTORY)
+WORKERS = sorted(RUNNER.get_hosts("consumers"))
+DATABASE = RUNNER.get_hosts("queue_db")[0]
+KILLED, CUT = WORKERS[0], WORKERS[1]
+# What the drain saw, for the tests that judge it.
+FLEET = {}
+
+
+def host(name):
+    return testinfra.get_host("ansible://" + name, ansible_inventory=INVENTORY)
+
+
+def sql(query):
+    return host(DATABASE).check_output("runuser -u postgres -- psql -d batchq -AtX -v ON_ERROR_STOP=1 -c %s", query)
+
+
+def jobs_by_state():
+    rows = [line.split("|") for line in sql("SELECT state, count(*) FROM batchq_jobs GROUP BY state").splitlines()]
+    return {state: int(count) for state, count in rows}
+
+
+def batches(name):
+    """A worker's batches from its consumers' records: {batch: {claimed, ids, ended, outcome}}."""
+    out = host(name).check_output("cat /var/lib/batchq/pgqueue/batches.jsonl 2>/dev/null || true")
+    found = {}
+    for line in out.splitlines():
+        record = json.loads(line)
+        batch = found.setdefault(record["batch"], {"batch": record["batch"]})
+        if record["event"] == "claim":
+            batch.update(claimed=record["time"], ids=record["ids"])
+        else:
+            batch.update(ended=record["time"], outcome=record["outcome"])
+    return found
+
+
+def in_flight(name):
+    return [b for b in batches(name).values() if b.get("ids") and "ended" not in b]
+
+
+def docker(*argv):
+    subprocess.run(["docker", *argv], check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+
+
+def network_of(container):
+    out = subprocess.run(["docker", "inspect", "-f", "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}}{{end}}",
+                          container], check=True, stdout=subprocess.PIPE, text=True, timeout=60).stdout
+    return out.strip()
+
+
+def control(action, *extra):
+    """Run consumer_control.yml as a user would; returns (returncode, output)."""
+    process = subprocess.run(["ansible-playbook", "batchq.consumers.consumer_control", "-i", INVENTORY,
+                              "-e", "consumer_action=" + action, *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
+    return process.returncode, process.stdout
+
+
+def said(output, what):
+    """The units a control run says it acted on ("started now: a b;"), over every host."""
+    units = []
+    for line in output.splitlines():
+        if what + ":" in line:
+            listed = line.split(what + ":", 1)[1].split(";")[0].strip().strip('"')
+            units += [] if listed.startswith("none") else listed.split()
+    return units
+
+
+def timers_active(name):
+    return host(name).check_output("systemctl show -P ActiveState 'batchq-pgqueue@1.timer' 'batchq-pgqueue@2.timer'")
+
+
+def test_bad_input_fails_before_any_host_changes():
+    before = {name: timers_active(name) for name in WORKERS}
+    code, output = control("stop")
+    assert code != 0 and "consumer_action: 'stop' is not one of pause, resume, run, wait" in output, output
+    code, output = control("pause", "-e", "consumer_names=pgqueue,thumbnails")
+    assert code != 0 and "consumer_names: thumbnails not in the consumer_list" in output, output
+    assert "Act on the consumers" not in output, "the second play ran: %s" % output
+    assert {name: timers_active(name) for name in WORKERS} == before
+
+
+def test_the_fleet_drains_through_faults():
+    password = yaml.safe_load((SCENARIO_DIR / "group_vars" / "all.yml").read_text())["pgqueue_password"]
+    host(WORKERS[-1]).check_output(
+        "env PGHOST=%s PGDATABASE=batchq PGUSER=batchq PGPASSWORD=%s batchq-pgqueue-enqueue %s --failing %s",
+        DATABASE, password, str(JOBS), str(FAILING))
+    FLEET["start"] = time.time()
+    # Kick the drain: the consumers would poll the queue 2 s after their last batch.
+    code, output = control("run")
+    assert code == 0, output
+    wait_for(lambda: jobs_by_state().get("done", 0) > 500, 120, "the drain to get going")
+
+    # Pause: the batches in flight end, no other starts.
+    code, output = control("pause")
+    assert code == 0, output
+    code, output = control("wait", "-e", "consumer_wait_timeout=120")
+    assert code == 0, output
+    assert jobs_by_state().get("queued", 0) > 0, "the queue was empty before the pause"
+    for name in WORKERS:
+        assert timers_active(name).split() == ["inactive", "inactive"], name
+    # Resume (first batches start_delay, 45 s, later), and kick them now.
+    code, output = control("resume")
+    assert code == 0, output
+    code, output = control("run")
+    assert code == 0, output
+    FLEET["kicked"] = said(output, "started now")
+    code, output = control("run")
+    assert code == 0, output
+    FLEET["left_alone"] = said(output, "left alone, a batch is running")
+
+    # One worker dies in the middle of a batch; another loses the database.
+    wait_for(lambda: in_flight(KILLED), 30, "a batch in flight on %s" % KILLED, interval=0.1)
+    docker("kill", KILLED)
+    FLEET["killed_at"] = time.time()
+    network = network_of(CUT)
+    docker("network", "disconnect", network, CUT)
+    FLEET["cut_at"] = time.time()
+    docker("start", KILLED)
+    host(KILLED).check_output("systemctl is-system-running --wait || true")
+
+    # A rolling deploy changes the consumers' environment meanwhile.
+    changed = scenario_vars()["consumer_list"]
+    changed[0]["environment"]["FLEET_DEPLOY"] = "v2"
+    rolling = deploy(changed, background=True, consumer_serial=1)
+    # The cut lasts as long as the issue says, whatever the deploy does meanwhile.
+    time.sleep(max(0.0, FLEET["cut_at"] + CUT_SECONDS - time.time()))
+    docker("network", "connect", network, CUT)
+    FLEET["reconnected_at"] = time.time()
+    output = rolling.communicate(timeout=900)[0]
+    assert rolling.returncode == 0, output
+    for name in WORKERS:
+        unit = host(name).check_output("systemctl cat batchq-pgqueue@.service")
+        assert "FLEET_DEPLOY=v2" in unit, unit
+
+    wait_for(lambda: jobs_by_state().get("queued", 0) == 0, 300, "the queue to drain", interval=2)
+    FLEET["drained_at"] = time.time()
+    # The consumers poll the empty queue every 2 s: pause them so their records hold still.
+    code, output = control("pause")
+    assert code == 0, output
+    code, output = control("wait", "-e", "consumer_wait_timeout=120")
+    assert code == 0, output
+    figure("fleet: %d jobs drained in %.0f s through the faults" % (JOBS, FLEET["drained_at"] - FLEET["start"]))
+
+
+def test_run_kicked_idle_instances_and_left_running_ones_alone():
+    assert len(FLEET["kicked"]) > 0, "run started no batch after the resume"
+    assert len(FLEET["left_alone"]) > 0, "the second run found no batch running"
+
+
+def test_every_job_is_done_once_and_its_result_applied_once():
+    assert jobs_by_state() == {"done": JOBS - FAILING, "dead": FAILING}
+    # sha256 of the payload, computed by PostgreSQL, not by the consumer
+    assert sql("""SELECT count(*), count(DISTINCT r.job_id),
+                         count(*) FILTER (WHERE r.result = encode(sha256((j.payload->>'n')::bytea), 'hex')),
+                         count(*) FILTER (WHERE r.applied_by = j.done_by)
+                  FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id""") == "|".join(
+        [str(JOBS - FAILING)] * 4)
+    assert sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
+               "WHERE j.state <> 'done'") == "0"
+
+
+def test_failing_jobs_end_dead_after_their_attempts():
+    assert sql("SELECT string_agg(DISTINCT attempts::text, ','), min((payload->>'n')::int) FROM batchq_jobs "
+               "WHERE state = 'dead'") == "%d|%d" % (MAX_ATTEMPTS, JOBS - FAILING + 1)
+
+
+def test_the_jobs_of_lost_batches_were_done_again_by_others():
+    killed = [b for b in batches(KILLED).values()
+              if b.get("ids") and "ended" not in b and b["claimed"] < FLEET["killed_at"]]
+    cut = [b for b in batches(CUT).values() if b.get("ids") and b.get("outcome") == "error"]
+    assert killed, "no batch was in flight on %s when it was killed" % KILLED
+    assert cut, "no batch of %s lost the database" % CUT
+    redone = {}
+    for batch in killed + cut:
+        rows = sql("SELECT count(*) FILTER (WHERE done_by = '%s'), count(*) FILTER (WHERE state = 'done'), count(*) "
+                   "FROM batchq_jobs WHERE id IN (%s)" % (batch["batch"], ",".join(map(str, batch["ids"]))))
+        own, done, total = map(int, rows.split("|"))
+        assert own == 0, "a batch that never recorded its end applied results: %s" % batch
+        assert total == len(batch["ids"]), batch
+        redone[batch["batch"]] = done
+    lost_killed = sum(redone[b["batch"]] for b in killed)
+    lost_cut = sum(redone[b["batch"]] for b in cut)
+    assert lost_killed > 0 and lost_cut > 0, redone
+    figure("fleet: %d jobs of %d killed batches and %d jobs of %d cut-off batches were done again by others"
+           % (lost_killed, len(killed), lost_cut, len(cut)))
+
+
+def test_no_batch_was_killed_by_the_deploy_or_the_control_playbook():
+    for name in WORKERS:
+        for batch in batches(name).values():
+            assert batch.get("outcome") != "terminated", "a batch got SIGTERM: %s" % batch
+            if "ended" not in batch:
+                assert name == KILLED and batch["claimed"] < FLEET["killed_at"], "a batch never ended: %s" % batch
+            if batch.get("outcome") == "error":
+                # only the cut-off worker lost its database, during the cut
+                assert name == CUT and FLEET["cut_at"] - MARGIN < batch["ended"] < FLEET["reconnected_at"] + MARGIN, \
+                    batch
+
+
+def test_an_instance_never_runs_two_batches_at_once():
+    for name in WORKERS:
+        by_instance = {}
+        for batch in batches(name).values():
+            if "claimed" in batch and "ended" in batch:
+                by_instance.setdefault(batch["batch"].split("/")[1], []).append(batch)
+        assert len(by_instance) == 2, by_instance.keys()
+        for instance, runs in by_instance.items():
+            runs.sort(key=lambda b: b["claimed"])
+            for earlier, later in zip(runs, runs[1:]):
+                assert later["claimed"] >= earlier["ended"], "%s on %s: %s overlaps %s" % (
+                    instance, name, earlier, later)
