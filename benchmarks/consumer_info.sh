@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
-host=batchq-bench
-export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
+host=${BATCHQ_HOST_PREFIX:-batchq}-bench
+export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=${BATCHQ_COLLECTIONS_PATH:-$PWD/.cache/collections}
 export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
 # The deploy playbook escalates; the image has no sudo, and su from root needs no password.
 export ANSIBLE_BECOME_METHOD=su
