@@ -10,7 +10,7 @@ import time
 from testlib import consumer_spec, finished, journal, runs, wait_for
 
 RECORD = "/var/log/batchq-hooks.jsonl"
-MARGIN = 3.0  # seconds of slack for a loaded CI machine
+FEW_SECONDS = 5.0  # "the first failure after a success notifies within a few seconds"
 
 
 def span(name):
@@ -27,7 +27,8 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
     every = span("crasher")
     wait_for(lambda: len(hooks(host, "crasher")) >= 3, 4 * every + 60, "three notifications about crasher")
     notes = hooks(host, "crasher")
-    crashes = [run["invocation"] for run in runs(host, "crasher")]
+    crash_runs = runs(host, "crasher")
+    crashes = [run["invocation"] for run in crash_runs]
     positions = [crashes.index(note["BATCHQ_INVOCATION_ID"]) for note in notes]
     counts = [int(note["BATCHQ_FAILURES"]) for note in notes]
     # crasher never succeeds: its first crash is told at once, alone; each
@@ -35,8 +36,12 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
     assert (positions[0], counts[0]) == (0, 1), (positions, counts)
     assert counts[1:] == [b - a for a, b in zip(positions, positions[1:])], (positions, counts)
     assert min(counts[1:]) >= 3, counts  # crasher crashes about every second: a real storm
-    gaps = [b["time"] - a["time"] for a, b in zip(notes, notes[1:])]
-    assert all(every - 0.5 <= gap <= every + MARGIN for gap in gaps), gaps
+    # each told crash is the first to end every seconds after the one told
+    # before (crash starts stand in for their ends: a crash lasts a moment)
+    starts = [run["start"] for run in crash_runs]
+    for before, told in zip(positions, positions[1:]):
+        assert starts[told] - starts[before] >= every - 0.5, (starts[before], starts[told])
+        assert starts[told - 1] - starts[before] < every + 0.5, (starts[before], starts[told - 1])
     for note in notes:
         assert note["argv"] == ["crasher"]
         assert (note["BATCHQ_UNIT"], note["BATCHQ_RESULT"]) in (
@@ -52,11 +57,11 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
     hook fails at once. Both consumers go on at their own pace, with their own
     results, while a hook of exit3 is always running or just stopped."""
     since = time.time()
-    wait_for(lambda: len([r for r in runs(host, "exit3") if r["start"] > since]) >= 6, 60, "six runs of exit3")
-    starts = [r["start"] for r in runs(host, "exit3") if r["start"] > since]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    # interval 1s after each run: a hook in the way would stretch these
-    assert max(gaps) <= 1.0 + MARGIN, gaps
+    wait_for(lambda: len([r for r in runs(host, "exit3") if r["start"] > since]) >= 6, 120, "six runs of exit3")
+    until = time.time()
+    # interval 1s after each run, like healthy: a hook in the way would slow exit3 down
+    exit3, healthy = ([r for r in runs(host, name) if since < r["start"] <= until] for name in ("exit3", "healthy"))
+    assert len(exit3) >= 0.8 * len(healthy), (len(exit3), len(healthy))
     assert all(r["status"] == 3 for r in finished(runs(host, "exit3")))
     every = span("exit3")
     stopped = wait_for(lambda: [line for line in host.run(
@@ -68,29 +73,30 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
         if "Failed with result 'exit-code'" in line], 30, "a failed hook of hang")
     assert failed
     # hang times out every 3 s + 1 s interval, its hook failing each time: it goes on
-    hung = wait_for(lambda: [r for r in runs(host, "hang") if r["start"] > since][2:], 60, "three runs of hang")
-    assert all(b["start"] - a["start"] <= 3.0 + 1.0 + MARGIN for a, b in zip(hung, hung[1:])), journal(host, "hang")
+    wait_for(lambda: [r for r in runs(host, "hang") if r["start"] > since][2:], 60,
+             "three runs of hang%s" % journal(host, "hang"))
 
 
 def test_the_first_failure_after_a_success_is_told_at_once_and_the_recovery_once(host):
     wait_for(lambda: len(finished(runs(host, "flaky"))) >= 2, 60, "two runs of flaky")
-    assert not hooks(host, "flaky") and not hooks(host, "flaky", "on-recovery")
+    told, recovered = len(hooks(host, "flaky")), len(hooks(host, "flaky", "on-recovery"))
+    since = time.time()
     host.check_output("touch /etc/batchq-test/fail")
     try:
-        note = wait_for(lambda: hooks(host, "flaky"), 30, "a notification about flaky")[0]
+        note = wait_for(lambda: hooks(host, "flaky")[told:], 30, "a notification about flaky")[0]
         failed = {r["invocation"]: r for r in runs(host, "flaky")}[note["BATCHQ_INVOCATION_ID"]]
         assert failed["status"] == 3 and note["BATCHQ_FAILURES"] == "1", note
-        assert note["time"] - failed["end"] <= MARGIN, (note, failed)
-        wait_for(lambda: len([r for r in finished(runs(host, "flaky")) if r["status"] == 3]) >= 4, 60,
-                 "four failures of flaky")
+        assert note["time"] - failed["end"] <= FEW_SECONDS, (note, failed)
+        wait_for(lambda: len([r for r in finished(runs(host, "flaky")) if r["status"] == 3 and r["start"] > since]) >= 4,
+                 60, "four failures of flaky")
     finally:
         host.check_output("rm -f /etc/batchq-test/fail")
-    recovery = wait_for(lambda: hooks(host, "flaky", "on-recovery"), 30, "the recovery of flaky")[0]
-    failures = [r for r in finished(runs(host, "flaky")) if r["status"] == 3]
+    recovery = wait_for(lambda: hooks(host, "flaky", "on-recovery")[recovered:], 30, "the recovery of flaky")[0]
+    failures = [r for r in finished(runs(host, "flaky")) if r["status"] == 3 and r["start"] > since]
     assert recovery["BATCHQ_FAILURES"] == str(len(failures)), (recovery, len(failures))
     assert recovery["BATCHQ_RESULT"] == "success" and recovery["BATCHQ_UNIT"] == "batchq-flaky.service"
     healthy_again = wait_for(lambda: [r for r in finished(runs(host, "flaky")) if r["start"] > recovery["time"]][2:],
                              30, "three more runs of flaky")
     assert healthy_again and all(r["status"] == 0 for r in healthy_again)
     # one notification for the whole episode (on_failure_every 1h), one recovery
-    assert (len(hooks(host, "flaky")), len(hooks(host, "flaky", "on-recovery"))) == (1, 1)
+    assert (len(hooks(host, "flaky")) - told, len(hooks(host, "flaky", "on-recovery")) - recovered) == (1, 1)
