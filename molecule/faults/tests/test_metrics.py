@@ -6,6 +6,7 @@ import time
 
 from testlib import consumer_series, finished, journal, runs, scrape, wait_for
 
+
 def one(series, name, metric, **labels):
     values = consumer_series(series, name, metric, **labels)
     assert len(values) == 1, (name, metric, values)
