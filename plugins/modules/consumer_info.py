@@ -435,11 +435,13 @@ def main():
                                                     finished=iso(batch["finished"]))
                 if batch and batch["result"] == "timeout":
                     last["result"] = "timeout"  # the runner, not systemd, times a drain's batches out
-            if last is not None and (identifier or not last["invocation_id"]):
+            # a drain's last batch is read alone; every other log in one read, below
+            shared_log = last is not None and not identifier
+            if last is not None and identifier:
                 last["log"] = host.log(last, params["log_lines"], identifier)
         except CommandError as exc:
-            return key, None, [], str(exc)
-        return key, consumer, said, None
+            return key, None, [], str(exc), False
+        return key, consumer, said, None, shared_log
 
     def read_log(last):
         try:
@@ -451,23 +453,23 @@ def main():
     # journalctl calls wait mostly on the disk, so a few at once save time.
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(read, sorted(chosen)))
-        errors = ["%s: %s" % (key, error) for key, consumer, said, error in results if error]
+        errors = ["%s: %s" % (key, error) for key, consumer, said, error, shared_log in results if error]
         if errors:
             module.fail_json(msg="; ".join(errors), errors=errors)
-        pending = [consumer["last_run"] for key, consumer, said, error in results
-                   if consumer["last_run"] is not None and "log" not in consumer["last_run"]]
+        pending = [consumer["last_run"] for key, consumer, said, error, shared_log in results if shared_log]
         try:
             logs = host.logs(pending, params["log_lines"])
         except CommandError as exc:
             module.fail_json(msg=str(exc))
         for last in pending:
-            if last["invocation_id"] in logs:
-                last["log"] = logs[last["invocation_id"]]
-        errors = [error for error in pool.map(read_log, [last for last in pending if "log" not in last]) if error]
+            last["log"] = logs.get(last["invocation_id"], [])
+        # the runs a busier one crowded out of the shared read, each alone
+        crowded_out = [last for last in pending if last["invocation_id"] and last["invocation_id"] not in logs]
+        errors = [error for error in pool.map(read_log, crowded_out) if error]
     if errors:
         module.fail_json(msg="; ".join(errors), errors=errors)
-    report = {key: consumer for key, consumer, said, error in results}
-    for key, consumer, said, error in results:
+    report = {key: consumer for key, consumer, said, error, shared_log in results}
+    for key, consumer, said, error, shared_log in results:
         for warning in said:
             module.warn(warning)
     module.exit_json(changed=False, consumers=report)
