@@ -107,3 +107,33 @@ def test_one_journal_read_gives_each_service_its_runs_unless_crowded_out():
     runs = consumer_info.Host(module).runs(["batchq-busy.service", "batchq-quiet.service"], 0)
     assert sorted(runs) == ["batchq-busy.service", "batchq-quiet.service"]
     assert [run["invocation_id"] for run in runs["batchq-quiet.service"]] == ["q1"]
+
+
+def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch):
+    def run_command(self, argv, **kwargs):
+        if argv[1] == "list-unit-files":
+            return 0, (FIXTURES / "units.txt").read_text(), ""
+        if argv[1] == "list-units":
+            return 0, "", ""
+        if argv[1] == "show":
+            name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
+            return 0, (FIXTURES / name).read_text(), ""
+        invocations = [arg.split("=", 1)[1] for arg in argv if arg.startswith("_SYSTEMD_INVOCATION_ID=")]
+        lines = [json.dumps({"_SYSTEMD_INVOCATION_ID": one, "MESSAGE": "output of " + one}) for one in invocations]
+        return 0, "".join(line + "\n" for line in lines), ""
+
+    def exit_json(self, **result):
+        reports.update(result["consumers"])
+        raise Exit()
+
+    reports = {}
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
+    with patch_module_args({}), pytest.raises(Exit):
+        consumer_info.main()
+    last_runs = [report["last_run"] for report in reports.values()
+                 if report["last_run"] and report["last_run"]["invocation_id"]]
+    assert last_runs
+    assert all(last["log"] == ["output of " + last["invocation_id"]] for last in last_runs), last_runs
