@@ -10,7 +10,9 @@ import time
 from testlib import consumer_spec, finished, journal, runs, wait_for
 
 RECORD = "/var/log/batchq-hooks.jsonl"
-FEW_SECONDS = 5.0  # "the first failure after a success notifies within a few seconds"
+# "the first failure after a success notifies within a few seconds": well
+# under one on a quiet host; 5-6 s seen with a load average of 45 on 2 cores
+FEW_SECONDS = 10.0
 
 
 def span(name):
@@ -65,7 +67,7 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
     assert all(r["status"] == 3 for r in finished(runs(host, "exit3")))
     every = span("exit3")
     stopped = wait_for(lambda: [line for line in host.run(
-        "journalctl --no-pager -o cat -u 'batchq-exit3.on-failure.*' --since=@%d", int(since)).stdout.splitlines()
+        "journalctl --no-pager -o cat -u 'batchq-exit3.on-failure.*' --since=@%s", str(int(since))).stdout.splitlines()
         if "Failed with result 'timeout'" in line], every + 30, "a hanging hook of exit3 to be stopped")
     assert stopped
     failed = wait_for(lambda: [line for line in host.run(
