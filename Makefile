@@ -18,9 +18,9 @@ export ANSIBLE_FORCE_COLOR := false
 # copy here, not in the user's home where it would outlive the next build.
 export ANSIBLE_HOME := $(CACHE)/ansible-home
 
-.PHONY: test demo demo-down lint sanity unit molecule images engine collection clean
+.PHONY: test demo demo-down lint sanity unit rules molecule images engine collection clean
 
-test: lint sanity unit molecule
+test: lint sanity unit rules molecule
 
 demo: collection images
 	tools/demo.sh up
@@ -63,6 +63,11 @@ sanity: $(VENV)/.installed
 
 unit: collection
 	PYTHONPATH=$(CACHE)/collections pytest tests/unit
+
+# The example alert rules, checked and unit-tested by Prometheus' own promtool.
+rules:
+	tools/promtool.sh check rules examples/prometheus/*.rules.yml
+	tools/promtool.sh test rules tests/prometheus/*.test.yml
 
 molecule: collection images
 	for scenario in $(SCENARIOS); do molecule test --scenario-name $$scenario; done

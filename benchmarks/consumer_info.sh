@@ -6,17 +6,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
-host=batchq-bench
-export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
+host=${BATCHQ_HOST_PREFIX:-batchq}-bench
+export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=${BATCHQ_COLLECTIONS_PATH:-$PWD/.cache/collections}
 export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
 # The deploy playbook escalates; the image has no sudo, and su from root needs no password.
 export ANSIBLE_BECOME_METHOD=su
 work=$(mktemp -d)
-trap 'docker rm -f $host >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'docker rm -f "$host" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
-tools/systemd-container.sh $host "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
+tools/systemd-container.sh "$host" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
 
-printf 'consumers:\n  hosts:\n    %s:\n      ansible_connection: community.docker.docker\n' $host >"$work/inventory.yml"
+printf 'consumers:\n  hosts:\n    %s:\n      ansible_connection: community.docker.docker\n' "$host" >"$work/inventory.yml"
 {
   echo "consumer_defaults: {interval: 1s, accuracy: 100ms, start_delay: 1s}"
   echo "consumer_list:"
@@ -28,12 +28,12 @@ ansible-playbook -i "$work/inventory.yml" batchq.consumers.deploy_consumers -e @
 # Every consumer needs 21 finished runs for a full history of 20.
 echo "waiting for 21 runs of every consumer..."
 for _ in $(seq 120); do
-  fewest=$(docker exec $host sh -c 'for i in $(seq -w 1 50); do journalctl -q -o cat -u batchq-bench$i.service MESSAGE_ID=39f53479d3a045ac8e11786248231fbf | wc -l; done | sort -n | head -1')
+  fewest=$(docker exec "$host" sh -c 'for i in $(seq -w 1 50); do journalctl -q -o cat -u batchq-bench$i.service MESSAGE_ID=39f53479d3a045ac8e11786248231fbf | wc -l; done | sort -n | head -1')
   [ "$fewest" -ge 21 ] && break
   sleep 2
 done
 # Stop the timers so every round reads the same journal.
-docker exec $host sh -c 'systemctl stop "batchq-*.timer"'
+docker exec "$host" sh -c 'systemctl stop "batchq-*.timer"'
 
 cat >"$work/bench.yml" <<'PLAY'
 - hosts: consumers

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
 import time
@@ -239,3 +240,38 @@ def next_elapse(host, timer):
     """NEXT of list-timers, 'Sun 2026-11-29 12:58:26 UTC' in the host's zone (UTC), in seconds."""
     listed = host.check_output("systemctl list-timers --all --no-legend %s", timer).split()
     return timestamp("%s %s %s.0 UTC" % tuple(listed[:3]))
+
+
+_FETCH = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics', timeout=10).read().decode())"
+
+
+def scrape(host):
+    """node_exporter's page on the host, {(metric, sorted label pairs): value};
+    127.0.0.1, not localhost: that may be ::1 where IPv6 is off."""
+    def fetch():
+        out = host.run("python3 -c %s", _FETCH)
+        return out.rc == 0 and out.stdout
+
+    series = {}
+    for line in wait_for(fetch, 30, "node_exporter to answer on %s" % host.backend.get_hostname()).splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name, labels = (name_labels + "{").split("{")[:2]
+        series[(name, tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels))))] = float(value)
+    return series
+
+
+def consumer_series(series, name, metric, **labels):
+    """The values of one batchq_consumer_* metric of consumer name, {unit or (unit, result): value}."""
+    found = {}
+    for (metric_name, pairs), value in series.items():
+        found_labels = dict(pairs)
+        if metric_name != "batchq_consumer_" + metric or found_labels.get("consumer") != name:
+            continue
+        if any(found_labels.get(k) != v for k, v in labels.items()):
+            continue
+        key = found_labels["unit"] if "result" not in found_labels or "result" in labels else (
+            found_labels["unit"], found_labels["result"])
+        found[key] = value
+    return found

@@ -18,6 +18,9 @@ down() {
   echo "demo fleet removed"
 }
 
+# node_exporter's page; 127.0.0.1: localhost may be ::1 where IPv6 is off
+metrics="import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())"
+
 up() {
   for i in "${!hosts[@]}"; do
     tools/systemd-container.sh "${hosts[$i]}" "${images[$i]}"
@@ -32,6 +35,9 @@ up() {
   ansible-playbook -i demo/inventory.yml demo/wait.yml
   demo/drain.sh 20000
   ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_status
+  echo "A few of the Prometheus metrics of batchq-demo-1 (node_exporter, see README \"Monitoring\"):"
+  docker exec batchq-demo-1 python3 -c "$metrics" | grep -E '^batchq_consumer_(runs_total|last_run_success)' | head -n 8 || true
+  echo "All of them: docker exec batchq-demo-1 python3 -c \"$metrics\" | grep ^batchq_"
   echo "Look around: docker exec -it batchq-demo-1 systemctl list-timers 'batchq-*'"
   echo "Remove the fleet: make demo-down"
 }

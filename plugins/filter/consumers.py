@@ -8,11 +8,13 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
+    AFTER_RUN,
     BATCH_END,
     CONTINUE_UNIT,
     DEFAULT_ACCOUNT,
     DEFAULT_PREFIX,
     DRAIN_RUNNER,
+    HOOKS_STATE_DIR,
     SECRETS_DIR,
     UNIT_DIR,
 )
@@ -66,7 +68,9 @@ _value:
 # What the role's vars/main.yml takes from consumer_names, so that each is
 # written down once for the Python and the role alike.
 NAMES = {"account": DEFAULT_ACCOUNT, "secrets_dir": SECRETS_DIR, "unit_dir": UNIT_DIR,
-         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT, "batch_end": BATCH_END}
+         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT, "batch_end": BATCH_END,
+         "after_run": AFTER_RUN,
+         "hooks_state_dir": HOOKS_STATE_DIR}
 
 
 def consumers(value, defaults=None, prefix=DEFAULT_PREFIX):

@@ -17,6 +17,10 @@ SECRETS_DIR = "/etc/batchq"
 UNIT_DIR = "/etc/systemd/system"
 # Runs the batches of a consumer with backlog_exit_code (roles/consumer/files/batchq-drain).
 DRAIN_RUNNER = "/usr/local/lib/batchq/batchq-drain"
+# ExecStopPost= of every consumer: its metrics and failure hooks (roles/consumer/files/batchq_after_run.py).
+AFTER_RUN = "/usr/local/lib/batchq/batchq_after_run.py"
+# Its state of each consumer's failure hooks, <dir>/<name>.json (STATE_DIR there).
+HOOKS_STATE_DIR = "/var/lib/batchq-hooks"
 # OnSuccess= of such a consumer: its drain goes on after a deploy (templates/consumer.continue.j2).
 CONTINUE_UNIT = "batchq.continue@.service"
 # MESSAGE_ID of the record the runner writes at the end of each batch.

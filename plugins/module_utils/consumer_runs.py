@@ -166,6 +166,15 @@ def parse_journal_runs(text):
     return sorted(runs.values(), key=lambda r: r["started"] or r["finished"] or 0, reverse=True)
 
 
+def group_journal(text, field):
+    """The lines of journalctl's JSON output grouped by one field: {value: [line, ...]}, each in output order."""
+    groups = {}
+    for line in text.splitlines():
+        if line.strip():
+            groups.setdefault(json.loads(line).get(field), []).append(line)
+    return groups
+
+
 def parse_journal_lines(text):
     """The MESSAGE of each JSON journal entry, oldest first."""
     lines = []

@@ -10,6 +10,7 @@ on the controller, so a bad consumer fails the play before any host changes.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -20,7 +21,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names im
 
 __metaclass__ = type
 
-TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout", "stop_timeout")
+TIME_KEYS = ("interval", "start_delay", "accuracy", "jitter", "timeout", "stop_timeout", "on_failure_every")
 # Spans that systemd reads as "no limit" when 0: that is written "infinity".
 LIMIT_KEYS = ("timeout", "stop_timeout")
 
@@ -58,7 +59,13 @@ ITEM_DEFAULTS = {
     # Exit status of a batch that took a full batch and leaves work waiting:
     # the next batch starts at once (see roles/consumer/files/batchq-drain).
     "backlog_exit_code": None,
+    # Commands run in units of their own after a failed batch (at most once per
+    # on_failure_every while failures go on) and after the success that ends them.
+    "on_failure": None,
+    "on_recovery": None,
+    "on_failure_every": "15min",
 }
+HOOK_KEYS = ("on_failure", "on_recovery")
 # systemd counts time in microseconds in 64 bits, the top value meaning
 # "infinity" (USEC_INFINITY): a span that reaches it is refused.
 USEC_INFINITY = 2 ** 64 - 1
@@ -188,7 +195,7 @@ def _working_directory(consumer, value):
     return text
 
 
-def split_command(consumer, command):
+def split_command(consumer, command, field="command"):
     """The argv of a consumer's command: a list as given, a string split like a shell."""
     if isinstance(command, (list, tuple)):
         argv = [str(word) for word in command]
@@ -196,15 +203,15 @@ def split_command(consumer, command):
         try:
             argv = shlex.split(command)
         except ValueError as exc:
-            _fail(consumer, "command", "cannot be split into words: %s" % exc)
+            _fail(consumer, field, "cannot be split into words: %s" % exc)
     else:
-        _fail(consumer, "command", "must be a string or a list of arguments")
+        _fail(consumer, field, "must be a string or a list of arguments")
     if not argv or not argv[0]:
-        _fail(consumer, "command", "is empty")
+        _fail(consumer, field, "is empty")
     for word in argv:
-        _single_line(consumer, "command", word)
+        _single_line(consumer, field, word)
     if not argv[0].startswith("/"):
-        _fail(consumer, "command", "must start with an absolute path, got %r" % argv[0])
+        _fail(consumer, field, "must start with an absolute path, got %r" % argv[0])
     return argv
 
 
@@ -401,8 +408,10 @@ def normalize_consumer(raw, defaults, prefix):
     usec = {field: 0 if seconds == float("inf") else int(round(seconds * 1e6))
             for field, seconds in ((f, parse_timespan(item[f])) for f in LIMIT_KEYS)}
     argv = None if item["command"] is None else split_command(name, item["command"])
+    hooks = {field: None if item[field] is None else split_command(name, item[field], field) for field in HOOK_KEYS}
     # Also for a drain, whose ExecStart= names the runner: verify never sees the command.
     required_paths = [{"field": "command", "path": argv[0]}] if argv else []
+    required_paths += [{"field": field, "path": hooks[field][0]} for field in HOOK_KEYS if hooks[field]]
     required_paths += [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
     ] + [{"field": "writable_paths", "path": path} for path in item["writable_paths"]]
@@ -434,6 +443,12 @@ def normalize_consumer(raw, defaults, prefix):
         # batchq-drain times each batch of a drain out itself; 0: no limit
         "timeout_usec": usec["timeout"],
         "stop_timeout_usec": usec["stop_timeout"],
+        # for the metrics (batchq_consumer_interval_seconds)
+        "interval_usec": int(round(parse_timespan(item["interval"]) * 1e6)),
+        # the arguments of batchq_after_run.py --hooks, quoted for ExecStopPost=
+        "hooks": None if not any(hooks.values()) else " ".join(systemd_quote(word) for word in (
+            str(int(round(parse_timespan(item["on_failure_every"]) * 1e6))),
+            json.dumps(hooks["on_failure"]), json.dumps(hooks["on_recovery"]))),
         "resources": _resources(name, item),
         "service_options": _raw_options(name, "service_options", item["service_options"]),
         "timer_options": _raw_options(name, "timer_options", item["timer_options"]),

@@ -248,6 +248,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     TIMER_PROPERTIES,
     consumer_report,
     consumer_units,
+    group_journal,
     is_drain,
     iso,
     parse_batch_end,
@@ -291,22 +292,49 @@ class Host:
         return parse_show(self.run([self.systemctl, "show", "--timestamp=us+utc",
                                     "--property=" + ",".join(properties), "--"] + units))
 
-    def runs(self, service, history):
-        # A run leaves three to five manager messages; one more run covers a running batch.
-        matches = ["UNIT=" + service] + ["MESSAGE_ID=" + message for message in RUN_MESSAGES]
-        return parse_journal_runs(self.run([
-            self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=%d" % ((history + 2) * 5),
-            "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS", "--"] + matches))
+    def runs(self, services, history):
+        """{service: its runs} for the services one journalctl read covers.
+
+        A run leaves three to five manager messages; one more run covers a
+        running batch: each service needs its newest (history + 2) * 5. One
+        read of that many per service for all of them (matches on one field
+        are alternatives) has them all, unless it was cut short and a busy
+        consumer crowded a quiet one out: that one is left out, to be read alone.
+        """
+        wanted = (history + 2) * 5
+        limit = wanted * len(services)
+        matches = ["UNIT=" + service for service in services] + ["MESSAGE_ID=" + message for message in RUN_MESSAGES]
+        out = self.run([
+            self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=%d" % limit,
+            "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS,UNIT", "--"] + matches)
+        complete = len(out.splitlines()) < limit
+        groups = group_journal(out, "UNIT")
+        return {service: parse_journal_runs("\n".join(groups.get(service, [])[:wanted])) for service in services
+                if complete or len(groups.get(service, [])) >= wanted}
+
+    def logs(self, runs, lines, identifier=None):
+        """{invocation: the last lines of its own output} for runs (or for one
+        batch of a drain: identifier), read from their start (or end) on, in
+        one journalctl read; as runs(), a run crowded out by others is left out."""
+        runs = [run for run in runs if run["invocation_id"]]
+        if not lines or not runs:
+            return {run["invocation_id"]: [] for run in runs}
+        since = min(datetime.fromisoformat((run["started"] or run["finished"]).replace("Z", "+00:00")).timestamp()
+                    for run in runs)
+        batch = ["SYSLOG_IDENTIFIER=" + identifier] if identifier else []
+        limit = lines * len(runs)
+        out = self.run([
+            self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID",
+            "--lines=%d" % limit, "--since=@%d" % (int(since) - 1)]
+            + ["_SYSTEMD_INVOCATION_ID=" + run["invocation_id"] for run in runs] + batch)
+        complete = len(out.splitlines()) < limit
+        groups = group_journal(out, "_SYSTEMD_INVOCATION_ID")
+        return {run["invocation_id"]: parse_journal_lines("\n".join(groups.get(run["invocation_id"], [])[-lines:]))
+                for run in runs if complete or len(groups.get(run["invocation_id"], [])) >= lines}
 
     def log(self, run, lines, identifier=None):
-        """The last lines of one run's own output (of one batch of a drain), read from its start (or end) on."""
-        if not lines or not run["invocation_id"]:
-            return []
-        since = datetime.fromisoformat((run["started"] or run["finished"]).replace("Z", "+00:00")).timestamp()
-        batch = ["SYSLOG_IDENTIFIER=" + identifier] if identifier else []
-        return parse_journal_lines(self.run([
-            self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE", "--lines=%d" % lines,
-            "--since=@%d" % (int(since) - 1), "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]] + batch))
+        """The last lines of one run's own output (of one batch of a drain)."""
+        return self.logs([run], lines, identifier).get(run["invocation_id"], [])
 
     def last_batch(self, run):
         """The last batch of a drain run, from batchq-drain's own records."""
@@ -372,9 +400,17 @@ def main():
     except CommandError as exc:
         module.fail_json(msg=str(exc))
     now_realtime, now_monotonic = time.time(), time.monotonic()
+    # One journalctl read for the runs of all consumers, one for the logs of
+    # their last runs: a process per consumer costs more than the reading.
+    journaled = sorted(units["service"] for units in shown
+                       if services.get(units["service"], {}).get("LoadState") == "loaded")
+    try:
+        runs_read = host.runs(journaled, params["history"]) if journaled else {}
+    except CommandError as exc:
+        module.fail_json(msg=str(exc))
 
     def read(key):
-        """One consumer's report: its journal reads are independent of the others'."""
+        """One consumer's report; a read the shared ones did not cover is its own."""
         units = chosen[key]
         if "template" in units:
             service, timer = template_show(units)
@@ -382,8 +418,11 @@ def main():
             service = services.get(units["service"], {"LoadState": "not-found"})
             timer = timers.get(units["timer"], {})
         try:
-            runs = host.runs(units["service"], params["history"]) \
-                if service.get("LoadState") == "loaded" and "template" not in units else []
+            runs = []
+            if units["service"] in runs_read:
+                runs = runs_read[units["service"]]
+            elif units["service"] in journaled:
+                runs = host.runs([units["service"]], params["history"])[units["service"]]
             consumer, said = consumer_report(service, timer, runs, [], params["history"], now_realtime,
                                              now_monotonic, timers.get(units.get("starter")))
             last = consumer["last_run"]
@@ -396,20 +435,41 @@ def main():
                                                     finished=iso(batch["finished"]))
                 if batch and batch["result"] == "timeout":
                     last["result"] = "timeout"  # the runner, not systemd, times a drain's batches out
-            if last is not None:
+            # a drain's last batch is read alone; every other log in one read, below
+            shared_log = last is not None and not identifier
+            if last is not None and identifier:
                 last["log"] = host.log(last, params["log_lines"], identifier)
         except CommandError as exc:
-            return key, None, [], str(exc)
-        return key, consumer, said, None
+            return key, None, [], str(exc), False
+        return key, consumer, said, None, shared_log
+
+    def read_log(last):
+        try:
+            last["log"] = host.log(last, params["log_lines"])
+        except CommandError as exc:
+            return str(exc)
+        return None
 
     # journalctl calls wait mostly on the disk, so a few at once save time.
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(read, sorted(chosen)))
-    errors = ["%s: %s" % (key, error) for key, consumer, said, error in results if error]
+        errors = ["%s: %s" % (key, error) for key, consumer, said, error, shared_log in results if error]
+        if errors:
+            module.fail_json(msg="; ".join(errors), errors=errors)
+        pending = [consumer["last_run"] for key, consumer, said, error, shared_log in results if shared_log]
+        try:
+            logs = host.logs(pending, params["log_lines"])
+        except CommandError as exc:
+            module.fail_json(msg=str(exc))
+        for last in pending:
+            last["log"] = logs.get(last["invocation_id"], [])
+        # the runs a busier one crowded out of the shared read, each alone
+        crowded_out = [last for last in pending if last["invocation_id"] and last["invocation_id"] not in logs]
+        errors = [error for error in pool.map(read_log, crowded_out) if error]
     if errors:
         module.fail_json(msg="; ".join(errors), errors=errors)
-    report = {key: consumer for key, consumer, said, error in results}
-    for key, consumer, said, error in results:
+    report = {key: consumer for key, consumer, said, error, shared_log in results}
+    for key, consumer, said, error, shared_log in results:
         for warning in said:
             module.warn(warning)
     module.exit_json(changed=False, consumers=report)

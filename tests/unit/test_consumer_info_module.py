@@ -1,7 +1,8 @@
 """consumer_info's main() when a command fails in one of its journal threads.
 
-The systemctl output is recorded (fixtures/bookworm); the journal call of one
-consumer fails, which a real host does not do on demand, hence the patch.
+The systemctl output is recorded (fixtures/bookworm); the shared journal read
+is cut short by a busy consumer, so each other consumer is read on its own,
+and the read of one fails, which a real host does not do on demand, hence the patch.
 """
 
 import json
@@ -32,7 +33,13 @@ def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkey
         if argv[1] == "show":
             name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
             return 0, (FIXTURES / name).read_text(), ""
-        if "UNIT=batchq-hung.service" in argv:
+        units = [arg for arg in argv if arg.startswith("UNIT=")]
+        if len(units) > 1:
+            limit = int(next(arg for arg in argv if arg.startswith("--lines="))[len("--lines="):])
+            busy = json.dumps({"UNIT": "batchq-busy.service", "INVOCATION_ID": "1", "__REALTIME_TIMESTAMP": "1"})
+            return 0, "\n".join([busy] * limit) + "\n", ""
+        if units == ["UNIT=batchq-hung.service"]:
+            calls.append(("hung read alone", threading.current_thread() is threading.main_thread()))
             return 1, "", "Failed to open journal"
         return 0, "", ""
 
@@ -46,8 +53,9 @@ def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkey
     monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
     with patch_module_args({}), pytest.raises(Exit):
         consumer_info.main()
-    assert len(calls) == 1, calls
-    in_main_thread, result = calls[0]
+    assert calls[0] == ("hung read alone", False), calls
+    assert len(calls) == 2, calls
+    in_main_thread, result = calls[1]
     assert in_main_thread
     assert result["msg"].startswith("hung: ") and "Failed to open journal" in result["msg"], json.dumps(result)
 
@@ -63,3 +71,69 @@ def test_a_user_who_cannot_read_the_journal_is_told_so(monkeypatch, tmp_path):
     assert "alice" in refusal and str(journal) in refusal and "systemd-journal" in refusal
     monkeypatch.setattr(consumer_info.os, "access", lambda path, mode: path == str(journal))
     assert consumer_info.journal_refusal() is None
+
+
+class FakeModule:
+    """Answers journalctl with recorded JSON lines, newest first, as --reverse does."""
+
+    def __init__(self, lines):
+        self.lines, self.argvs = lines, []
+
+    def get_bin_path(self, name, required=False):
+        return "/bin/" + name
+
+    def run_command(self, argv, **kwargs):
+        self.argvs.append(argv)
+        limit = int(next(arg for arg in argv if arg.startswith("--lines="))[len("--lines="):])
+        return 0, "".join(line + "\n" for line in self.lines[:limit]), ""
+
+
+def entry(unit, invocation, when):
+    return json.dumps({"UNIT": unit, "INVOCATION_ID": invocation, "__REALTIME_TIMESTAMP": str(when),
+                       "MESSAGE_ID": "7ad2d189f7e94e70a38c781354912448"})
+
+
+def test_one_journal_read_gives_each_service_its_runs_unless_crowded_out():
+    # history 0: each service needs its newest 10 messages; 2 services: a read of 20
+    busy = [entry("batchq-busy.service", "b%d" % i, 2000 - i) for i in range(19)]
+    quiet = [entry("batchq-quiet.service", "q1", 1000)]
+    module = FakeModule(busy + quiet)
+    runs = consumer_info.Host(module).runs(["batchq-busy.service", "batchq-quiet.service"], 0)
+    assert len(module.argvs) == 1 and module.argvs[0].count("UNIT=batchq-busy.service") == 1
+    # 20 lines came back, the limit: quiet's one message may not be its newest 10
+    assert list(runs) == ["batchq-busy.service"]
+    assert [run["invocation_id"] for run in runs["batchq-busy.service"]] == ["b%d" % i for i in range(10)]
+    module = FakeModule(busy[:5] + quiet)
+    runs = consumer_info.Host(module).runs(["batchq-busy.service", "batchq-quiet.service"], 0)
+    assert sorted(runs) == ["batchq-busy.service", "batchq-quiet.service"]
+    assert [run["invocation_id"] for run in runs["batchq-quiet.service"]] == ["q1"]
+
+
+def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch):
+    def run_command(self, argv, **kwargs):
+        if argv[1] == "list-unit-files":
+            return 0, (FIXTURES / "units.txt").read_text(), ""
+        if argv[1] == "list-units":
+            return 0, "", ""
+        if argv[1] == "show":
+            name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
+            return 0, (FIXTURES / name).read_text(), ""
+        invocations = [arg.split("=", 1)[1] for arg in argv if arg.startswith("_SYSTEMD_INVOCATION_ID=")]
+        lines = [json.dumps({"_SYSTEMD_INVOCATION_ID": one, "MESSAGE": "output of " + one}) for one in invocations]
+        return 0, "".join(line + "\n" for line in lines), ""
+
+    def exit_json(self, **result):
+        reports.update(result["consumers"])
+        raise Exit()
+
+    reports = {}
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
+    with patch_module_args({}), pytest.raises(Exit):
+        consumer_info.main()
+    last_runs = [report["last_run"] for report in reports.values()
+                 if report["last_run"] and report["last_run"]["invocation_id"]]
+    assert last_runs
+    assert all(last["log"] == ["output of " + last["invocation_id"]] for last in last_runs), last_runs

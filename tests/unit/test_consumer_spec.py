@@ -1,6 +1,8 @@
 """Validation and quoting of consumer definitions (pure functions, no host)."""
 
+import json
 import pathlib
+import shlex
 
 import pytest
 
@@ -50,7 +52,7 @@ def test_defaults_of_a_minimal_consumer():
     consumer = one()
     assert consumer["spans"] == {
         "interval": "1min", "start_delay": "5s", "accuracy": "1s", "jitter": "0", "timeout": "1h",
-        "stop_timeout": "30s"}
+        "stop_timeout": "30s", "on_failure_every": "15min"}
     assert (consumer["service_unit"], consumer["timer_unit"]) == ("batchq-thumbs.service", "batchq-thumbs.timer")
     assert consumer["timers"] == ["batchq-thumbs.timer"]
     assert (consumer["user"], consumer["group"], consumer["hardening"]) == ("batchq", "batchq", True)
@@ -201,6 +203,10 @@ BAD = [
     ("working directory ends in a space", {"working_directory": "/srv/x "}, ["'working_directory'", "white space"]),
     ("environment file ends in a space", {"environment_file": "/etc/x.env "}, ["'environment_file'", "white space"]),
     ("dot-dot in a writable path", {"writable_paths": ["/srv/../etc"]}, ["'writable_paths'", "'..'"]),
+    ("relative failure hook", {"on_failure": "notify --to ops"}, ["'thumbs'", "'on_failure'", "absolute"]),
+    ("empty recovery hook", {"on_recovery": []}, ["'thumbs'", "'on_recovery'", "empty"]),
+    ("hook period as prose", {"on_failure_every": "hourly"}, ["'thumbs'", "'on_failure_every'", "hourly"]),
+    ("infinite hook period", {"on_failure_every": "infinity"}, ["'thumbs'", "'on_failure_every'"]),
 ]
 
 
@@ -305,3 +311,12 @@ def test_backlog_exit_code_and_each_batch_timeout():
         75, 150000000, 5000000)
     assert one(backlog_exit_code="3", timeout="infinity")["timeout_usec"] == 0
     assert one()["backlog_exit_code"] is None
+
+
+def test_hooks_reach_the_after_run_script_verbatim_and_their_programs_must_exist():
+    consumer = one(on_failure=["/usr/local/bin/notify", "100% $HOME \"x\""], on_failure_every="1min")
+    every, on_failure, on_recovery = shlex.split(consumer["hooks"].replace("%%", "%").replace("$$", "$"))
+    assert (every, json.loads(on_failure), json.loads(on_recovery)) == (
+        "60000000", ["/usr/local/bin/notify", "100% $HOME \"x\""], None)
+    assert {"field": "on_failure", "path": "/usr/local/bin/notify"} in consumer["required_paths"]
+    assert one()["hooks"] is None

@@ -72,3 +72,13 @@ def test_bad_consumer_fails_naming_it_and_changes_nothing(hosts, states_before, 
     for word in words:
         assert word in process.output, "%r not in the error:\n%s" % (word, process.output[-3000:])
     assert [host_state(host) for host in hosts] == states_before
+
+
+@pytest.mark.parametrize("folder", ["var/lib/prometheus/node-exporter", "/var/lib/../tmp", "/var/lib/node exporter"],
+                         ids=["relative", "dot-dot", "space"])
+def test_bad_metrics_folder_fails_naming_it_and_changes_nothing(hosts, states_before, folder):
+    process = deploy(scenario_vars()["consumer_list"] + [GOOD_NEW], consumer_metrics_dir=folder)
+    assert process.returncode != 0, process.output
+    for word in ("consumer_metrics_dir", folder):
+        assert word in process.output, "%r not in the error:\n%s" % (word, process.output[-3000:])
+    assert [host_state(host) for host in hosts] == states_before

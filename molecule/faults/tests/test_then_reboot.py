@@ -5,7 +5,7 @@ one stays paused. Runs last: it restarts the hosts."""
 import subprocess
 import time
 
-from testlib import figure, journal, runs, scenario_vars, show, timestamp, wait_for
+from testlib import consumer_series, figure, journal, runs, scenario_vars, scrape, show, timestamp, wait_for
 
 ENABLED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit"]
 MARGIN = 5.0
@@ -13,6 +13,16 @@ MARGIN = 5.0
 
 def test_enabled_consumers_run_after_a_reboot_and_paused_stay_paused(host):
     name = host.backend.get_hostname()
+    # stop the count first: runs_total must go on from here after the reboot
+    host.check_output("systemctl stop batchq-healthy.timer")
+    wait_for(lambda: show(host, "batchq-healthy.service", "ActiveState")["ActiveState"] == "inactive", 30,
+             "the last batch of healthy to end")
+
+    def healthy_runs_counted():
+        return sum(consumer_series(scrape(host), "healthy", "runs_total").values())
+
+    counted = healthy_runs_counted()
+    assert counted >= 3
     rebooted_at = time.time()
     subprocess.run(["docker", "restart", name], check=True, stdout=subprocess.DEVNULL, timeout=120)
     wait_for(lambda: host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"),
@@ -30,5 +40,7 @@ def test_enabled_consumers_run_after_a_reboot_and_paused_stay_paused(host):
     assert not [r for r in runs(host, "dormant") if r["start"] > rebooted_at]
     assert show(host, "batchq-dormant.timer", "ActiveState", "UnitFileState") == {
         "ActiveState": "inactive", "UnitFileState": "disabled"}
+    # the counter lives in /var/lib: it goes on from there, it does not start again at 0
+    wait_for(lambda: healthy_runs_counted() > counted, 60, "runs_total of healthy beyond %d after the reboot" % counted)
     figure("%s reboot: first runs %.1f-%.1fs after boot (start_delay %gs); paused stayed paused" % (
         name, min(delays.values()), max(delays.values()), start_delay))

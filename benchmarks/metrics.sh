@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What writing the Prometheus metrics costs per batch, on one Debian 12 host.
+# Usage: make images && benchmarks/metrics.sh [RUNS]
+# Prints the median (and range) of
+#  - a plain consumer: the ExecStopPost= writer as systemd runs it after a
+#    batch (python3, systemctl show, the file), wall time added to each run;
+#  - a drain: one update() in the runner after each batch of a consumer whose
+#    file already holds 4 instances' series.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-30}
+host=${BATCHQ_HOST_PREFIX:-batchq}-metrics-bench
+trap 'docker rm -f "$host" >/dev/null 2>&1 || true' EXIT
+tools/systemd-container.sh "$host" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
+docker cp roles/consumer/files/batchq_metrics.py "$host":/usr/local/lib/batchq_metrics.py
+for _ in $(seq 60); do
+  docker exec "$host" systemctl is-system-running 2>/dev/null | grep -qE '^(running|degraded)$' && break
+  sleep 1
+done
+docker exec "$host" sh -c 'mkdir -p /var/lib/prometheus/node-exporter/batchq-bench.d &&
+  systemd-run --quiet --wait --unit=batchq-bench /bin/true'
+
+docker exec -i "$host" python3 - "$runs" <<'PY'
+import os, statistics, subprocess, sys, time
+sys.path.insert(0, "/usr/local/lib")
+import batchq_metrics
+
+runs = int(sys.argv[1])
+folder = "/var/lib/prometheus/node-exporter/batchq-bench.d"
+env = dict(os.environ, SERVICE_RESULT="success", EXIT_CODE="exited", EXIT_STATUS="0")
+argv = ["/usr/bin/python3", "-I", "/usr/local/lib/batchq_metrics.py", folder, "bench", "batchq-bench.service",
+        "60000000", "3600000000"]
+subprocess.run(argv, env=env, check=True)  # warm the page cache and __pycache__
+
+
+def ms(samples):
+    samples = sorted(samples)
+    return "%.1f ms (%.1f-%.1f)" % (statistics.median(samples) * 1e3, samples[0] * 1e3, samples[-1] * 1e3)
+
+
+plain = []
+for _ in range(runs):
+    began = time.monotonic()
+    subprocess.run(argv, env=env, check=True)
+    plain.append(time.monotonic() - began)
+drain = []
+for n in range(runs * 10):
+    run = {"result": "backlog", "status": 75, "started": time.time() - 0.1, "ended": time.time()}
+    began = time.monotonic()
+    batchq_metrics.update(folder, "bench", "batchq-bench@%d.service" % (n % 4 + 1), run, 60.0, 3600.0)
+    drain.append(time.monotonic() - began)
+print("plain consumer, ExecStopPost= writer per run: %s, median of %d" % (ms(plain), runs))
+print("drain, update() per batch (4 instances in the file): %s, median of %d" % (ms(drain), runs * 10))
+PY

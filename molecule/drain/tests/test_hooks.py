@@ -1,0 +1,25 @@
+"""The failure hook of a drain gets the failed batch's own log lines, not
+those of the batches before it in the same run. Runs after test_drain, whose
+fails-exit drain failed one batch."""
+
+import json
+
+from test_drain import batches
+from testlib import journal, wait_for
+
+
+def test_the_hook_of_a_failed_drain_has_that_batchs_lines_only(host):
+    failed = wait_for(lambda: [b for b in batches(host, "fails-exit") if "failing" in b], 10,
+                      "the failed batch of fails-exit (test_drain)")[-1]
+    notes = wait_for(lambda: [n for n in map(json.loads, host.run(
+        "cat /var/log/batchq-hooks.jsonl 2>/dev/null || true").stdout.splitlines())
+        if n["BATCHQ_CONSUMER"] == "fails-exit"], 30, "the hook of fails-exit")
+    note = notes[-1]
+    assert note["BATCHQ_INVOCATION_ID"] == failed["invocation"], (note, failed)
+    assert (note["BATCHQ_RESULT"], note["BATCHQ_EXIT_CODE"], note["BATCHQ_EXIT_STATUS"]) == ("exit-code", "exited", "1")
+    same_run = [b for b in batches(host, "fails-exit") if b["invocation"] == failed["invocation"]]
+    assert len(same_run) > 1, "the failure came first in its run: nothing to tell apart"
+    # the probe prints each batch's start with its number
+    assert '"batch": "%s"' % failed["batch"] in note["BATCHQ_LOG"], note["BATCHQ_LOG"] + journal(host, "fails-exit")
+    others = [b["batch"] for b in same_run if b["batch"] != failed["batch"]]
+    assert not [n for n in others if '"batch": "%s"' % n in note["BATCHQ_LOG"]], note["BATCHQ_LOG"]

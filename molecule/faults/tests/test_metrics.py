@@ -1,0 +1,90 @@
+"""Prometheus metrics after every batch, scraped from the host's real
+node_exporter (textfile collector) and judged against the consumers' own
+records and systemd's: a success, exit 3, a signal and a timeout."""
+
+import time
+
+from testlib import consumer_series, finished, journal, runs, scrape, wait_for
+
+
+def one(series, name, metric, **labels):
+    values = consumer_series(series, name, metric, **labels)
+    assert len(values) == 1, (name, metric, values)
+    return next(iter(values.values()))
+
+
+def scraped_between_runs(host, name, count):
+    """The consumer's finished runs before and after one scrape, and the scrape."""
+    wait_for(lambda: len(runs(host, name)) >= count, 60, "%d runs of %s" % (count, name))
+    before = runs(host, name)
+    series = scrape(host)
+    return before, series, runs(host, name)
+
+
+def test_a_healthy_consumer_reports_each_success_with_its_own_times(host):
+    before, series, after = scraped_between_runs(host, "healthy", 3)
+    total = consumer_series(series, "healthy", "runs_total")
+    # the probe records its end a moment before systemd ends the run
+    assert list(total) == [("batchq-healthy.service", "success")], total
+    assert len(finished(before)) - 1 <= total[("batchq-healthy.service", "success")] <= len(after), journal(host, "healthy")
+    start, end = one(series, "healthy", "last_run_start_timestamp_seconds"), one(
+        series, "healthy", "last_run_end_timestamp_seconds")
+    # the probe's own start and end of exactly one run lie inside the run the metrics describe
+    inside = [run for run in after if start <= run["start"] and run.get("end", float("inf")) <= end]
+    assert len(inside) == 1, (start, end, after[-3:])
+    assert abs(one(series, "healthy", "last_run_duration_seconds") - (end - start)) < 0.001
+    assert one(series, "healthy", "last_success_timestamp_seconds") == end
+    assert one(series, "healthy", "last_run_success") == 1
+    assert one(series, "healthy", "last_exit_status") == 0
+    assert one(series, "healthy", "consecutive_failures") == 0
+    assert one(series, "healthy", "interval_seconds") == 1
+    assert one(series, "healthy", "timeout_seconds") == 3600  # the role's default, 1h
+
+
+def test_exit_3_counts_as_exit_code_failures_in_a_row(host):
+    before, series, after = scraped_between_runs(host, "exit3", 3)
+    total = consumer_series(series, "exit3", "runs_total")
+    assert list(total) == [("batchq-exit3.service", "exit-code")], total
+    assert len(finished(before)) - 1 <= total[("batchq-exit3.service", "exit-code")] <= len(after)
+    assert one(series, "exit3", "consecutive_failures") == total[("batchq-exit3.service", "exit-code")]
+    assert one(series, "exit3", "last_exit_status") == 3
+    assert one(series, "exit3", "last_run_success") == 0
+    assert not consumer_series(series, "exit3", "last_success_timestamp_seconds")
+
+
+def test_a_crash_counts_as_a_signal_with_status_128_plus_segv(host):
+    before, series, after = scraped_between_runs(host, "crasher", 3)
+    total = consumer_series(series, "crasher", "runs_total")
+    # systemd says core-dump where the kernel wrote a core, signal otherwise
+    assert set(result for unit, result in total) <= {"signal", "core-dump"}, total
+    # the probe records no end when it is killed; one may still be ending
+    assert len(before) - 1 <= sum(total.values()) <= len(after), (total, len(before), len(after))
+    assert one(series, "crasher", "last_exit_status") == 128 + 11
+    assert one(series, "crasher", "last_run_success") == 0
+
+
+def test_a_hung_batch_counts_as_a_timeout_after_its_timeout(host):
+    wait_for(lambda: consumer_series(scrape(host), "hang", "runs_total", result="timeout"), 60,
+             "a timeout of hang in the metrics")
+    series = scrape(host)
+    assert one(series, "hang", "timeout_seconds") == 3
+    assert 3.0 - 0.3 <= one(series, "hang", "last_run_duration_seconds") <= 3.0 + 1.5, journal(host, "hang")
+    # SIGTERM at the timeout
+    assert one(series, "hang", "last_exit_status") == 128 + 15
+    assert one(series, "hang", "last_run_success") == 0
+
+
+def test_node_exporter_reads_every_file_whole_while_batches_write_them(host):
+    """Several consumers write their files every second: no scrape may see a
+    half-written file (node_textfile_scrape_error) and the files do change."""
+    mtimes, errors = set(), []
+    began = time.monotonic()
+    # at least 15 s and 10 scrapes, across at least 5 rewrites of healthy's file
+    while len(errors) < 10 or len(mtimes) < 5 or time.monotonic() < began + 15:
+        assert time.monotonic() < began + 180, "in 3 minutes: %d scrapes, %d rewrites" % (len(errors), len(mtimes))
+        series = scrape(host)
+        errors.append(series[("node_textfile_scrape_error", ())])
+        mtimes.update(value for (metric, labels), value in series.items()
+                      if metric == "node_textfile_mtime_seconds" and dict(labels)["file"].endswith("batchq-healthy.prom"))
+        time.sleep(0.3)
+    assert set(errors) == {0}, errors

@@ -1,0 +1,173 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""After each run of a consumer: its Prometheus metrics and its failure hooks.
+
+Usage (the unit's ExecStopPost=, as root, outside the sandbox):
+    batchq_after_run.py CONSUMER UNIT [--metrics FOLDER INTERVAL_USEC TIMEOUT_USEC]
+                        [--hooks EVERY_USEC ON_FAILURE_JSON ON_RECOVERY_JSON]
+and, in a hook's own transient unit:
+    batchq_after_run.py --run-hook
+
+How the run ended comes from systemd: SERVICE_RESULT, EXIT_CODE, EXIT_STATUS
+and INVOCATION_ID (all there for ExecStopPost= since systemd 232), its times
+from `systemctl show`. A drain writes its metrics after each batch itself
+(batchq-drain); its failed batch is always the last of its run, so its hooks
+are run from here too.
+
+A hook never runs in the consumer's unit: it is started with `systemd-run
+--no-block` as a transient unit of its own, limited to EVERY (or 1 min), so
+it cannot delay, block or kill a batch, and its failure is its own. At most
+one on_failure per consumer per EVERY while failures go on, each saying how
+many failures it covers; the first failure after a success notifies at once.
+The state is /var/lib/batchq-hooks/<consumer>.json (root's; it survives
+reboots). Nothing here can fail the run: errors are printed, the exit status is 0.
+"""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+
+STATE_DIR = "/var/lib/batchq-hooks"
+# MESSAGE_ID of batchq-drain's record at the end of each batch (consumer_names.BATCH_END)
+BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
+LOG_LINES = 20
+SUCCESSES = ("success",)
+C_ENV = {"LANG": "C", "LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def hook_decision(state, failed, now, every):
+    """The consumer's hook state after one run, and which hook to run with how
+    many failures: (state, None) or (state, ("on_failure" or "on_recovery", failures))."""
+    pending, episode = state.get("pending", 0), state.get("episode", 0)
+    notified_at = state.get("notified_at")
+    if failed:
+        if notified_at is None or now - notified_at >= every:
+            return {"pending": 0, "episode": episode + 1, "notified_at": now}, ("on_failure", pending + 1)
+        return {"pending": pending + 1, "episode": episode + 1, "notified_at": notified_at}, None
+    if episode:
+        return {}, ("on_recovery", episode)
+    return {}, None
+
+
+def hook_unit(unit, kind, invocation):
+    """batchq-x@2.service -> batchq-x.2.on-failure.<invocation>.service: no "@",
+    and a dot after the name, so nothing takes it for a consumer's unit."""
+    stem = unit[:-len(".service")] if unit.endswith(".service") else unit
+    return "%s.%s.%s.service" % (stem.replace("@", "."), kind.replace("_", "-"), invocation or int(time.time()))
+
+
+def _monotonic_times(unit):
+    """Start and end of the unit's last run, in time.time() terms."""
+    output = subprocess.run(
+        ["systemctl", "show", unit, "--property=InactiveExitTimestampMonotonic",
+         "--property=ExecMainStartTimestampMonotonic", "--property=ExecMainExitTimestampMonotonic"],
+        stdout=subprocess.PIPE, check=True, env=C_ENV).stdout.decode()
+    usec = {key: int(value or 0) for key, value in (line.split("=", 1) for line in output.splitlines() if "=" in line)}
+    activated = usec.get("InactiveExitTimestampMonotonic", 0)
+    # A start that failed before exec keeps the previous run's exec times.
+    started = max(activated, usec.get("ExecMainStartTimestampMonotonic", 0))
+    now_mono, now = time.monotonic(), time.time()
+    ended = usec.get("ExecMainExitTimestampMonotonic", 0)
+    end = now if ended < started else now - (now_mono - ended / 1e6)
+    return (now - (now_mono - started / 1e6) if started else end), end
+
+
+def write_metrics(consumer, unit, folder, interval_usec, timeout_usec):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import batchq_metrics  # pylint: disable=import-outside-toplevel
+    started, ended = _monotonic_times(unit)
+    run = {
+        "result": os.environ.get("SERVICE_RESULT", "success"),
+        "status": batchq_metrics.exit_status(os.environ.get("EXIT_CODE", ""), os.environ.get("EXIT_STATUS")),
+        "started": round(started, 6), "ended": round(ended, 6),
+    }
+    batchq_metrics.update(folder, consumer, unit, run, int(interval_usec) / 1e6, int(timeout_usec) / 1e6)
+
+
+def run_hooks(consumer, unit, every_usec, on_failure, on_recovery):
+    every = int(every_usec) / 1e6
+    failed = os.environ.get("SERVICE_RESULT", "success") not in SUCCESSES
+    os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
+    path = os.path.join(STATE_DIR, consumer + ".json")
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
+        # Instances of one consumer share the state: one at a time.
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            state = json.loads(handle.read() or "{}")
+        except ValueError:
+            state = {}
+        state, hook = hook_decision(state, failed, time.time(), every)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(state))
+    argv = json.loads({"on_failure": on_failure, "on_recovery": on_recovery}[hook[0]]) if hook else None
+    if not argv:
+        return
+    kind, failures = hook
+    invocation = os.environ.get("INVOCATION_ID", "")
+    environment = {
+        "BATCHQ_HOOK": json.dumps(argv), "BATCHQ_EVENT": kind.replace("_", "-"), "BATCHQ_CONSUMER": consumer,
+        "BATCHQ_UNIT": unit, "BATCHQ_RESULT": os.environ.get("SERVICE_RESULT", ""),
+        "BATCHQ_EXIT_CODE": os.environ.get("EXIT_CODE", ""), "BATCHQ_EXIT_STATUS": os.environ.get("EXIT_STATUS", ""),
+        "BATCHQ_INVOCATION_ID": invocation, "BATCHQ_FAILURES": str(failures),
+    }
+    # Values go over D-Bus as they are: systemd expands nothing in them.
+    subprocess.run(
+        ["systemd-run", "--quiet", "--no-block", "--collect", "--unit=" + hook_unit(unit, kind, invocation),
+         "--description=%s of batchq consumer %s" % (kind, consumer),
+         "--property=RuntimeMaxSec=%d" % max(1, int(every) if every else 60)]
+        + ["--setenv=%s=%s" % pair for pair in sorted(environment.items())]
+        + ["/usr/bin/python3", "-I", os.path.abspath(__file__), "--run-hook"],
+        check=True, env=C_ENV)
+
+
+def batch_log(invocation):
+    """The last lines of the run's failed batch: for a drain, the last batch's
+    own lines only (SYSLOG_IDENTIFIER=<program>#<batch>, from its end record)."""
+    def journal(*matches):
+        return subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=cat", "--lines=%d" % LOG_LINES]
+                              + list(matches), stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode(
+                                  "utf-8", "replace")
+
+    matches = ["_SYSTEMD_INVOCATION_ID=" + invocation]
+    end = subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=json", "--lines=1",
+                          "MESSAGE_ID=" + BATCH_END, "BATCHQ_INVOCATION_ID=" + invocation],
+                         stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode("utf-8", "replace")
+    if end.strip():
+        matches.append("SYSLOG_IDENTIFIER=" + json.loads(end.splitlines()[-1]).get("BATCHQ_LOG_IDENTIFIER", ""))
+    return journal(*matches)
+
+
+def run_hook():
+    """In the hook's transient unit: add the failed batch's log, then become the hook."""
+    environment = dict(os.environ)
+    argv = json.loads(environment.pop("BATCHQ_HOOK"))
+    if environment.get("BATCHQ_EVENT") == "on-failure" and environment.get("BATCHQ_INVOCATION_ID"):
+        environment["BATCHQ_LOG"] = batch_log(environment["BATCHQ_INVOCATION_ID"])
+    os.execve(argv[0], argv, environment)
+
+
+def main(args):
+    if args == ["--run-hook"]:
+        return run_hook()
+    consumer, unit, rest = args[0], args[1], args[2:]
+    options = {}
+    while rest:
+        count = {"--metrics": 3, "--hooks": 3}[rest[0]]
+        options[rest[0]], rest = rest[1:1 + count], rest[1 + count:]
+    for option, action in (("--metrics", write_metrics), ("--hooks", run_hooks)):
+        if option in options:
+            try:
+                action(consumer, unit, *options[option])
+            except Exception as exc:  # pylint: disable=broad-except
+                sys.stderr.write("batchq_after_run: %s of %s failed: %s\n" % (option[2:], unit, exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

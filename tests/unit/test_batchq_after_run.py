@@ -1,0 +1,61 @@
+"""The failure hooks' rate limit and names, pure parts of batchq_after_run.py."""
+
+import importlib.util
+import os
+
+from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "consumer", "files", "batchq_after_run.py")
+SPEC = importlib.util.spec_from_file_location("batchq_after_run", SCRIPT)
+after_run = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(after_run)
+
+EVERY = 900.0
+
+
+def storm(outcomes, every=EVERY):
+    """(time, failed) runs from an empty state: the hooks they start, as (time, kind, failures)."""
+    state, started = {}, []
+    for now, failed in outcomes:
+        state, hook = after_run.hook_decision(state, failed, now, every)
+        if hook:
+            started.append((now, hook[0], hook[1]))
+    return started
+
+
+def test_a_crash_storm_notifies_once_per_period_counting_every_failure():
+    # a failure every 10 s for an hour, from t=0 to t=3590
+    started = storm((t, True) for t in range(0, 3600, 10))
+    assert [(when, kind) for when, kind, count in started] == [
+        (0, "on_failure"), (900, "on_failure"), (1800, "on_failure"), (2700, "on_failure")]
+    assert [count for when, kind, count in started] == [1, 90, 90, 90]
+
+
+def test_the_first_failure_after_a_success_notifies_at_once_and_recovery_counts_the_episode():
+    started = storm([(0, True), (10, True), (20, False), (30, True), (40, True), (50, True), (60, False), (70, False)])
+    assert started == [(0, "on_failure", 1), (20, "on_recovery", 2), (30, "on_failure", 1), (60, "on_recovery", 3)]
+
+
+def test_successes_alone_start_nothing():
+    assert storm([(0, False), (10, False)]) == []
+
+
+def test_every_zero_notifies_each_failure():
+    assert storm([(0, True), (1, True), (2, True)], every=0) == [
+        (0, "on_failure", 1), (1, "on_failure", 1), (2, "on_failure", 1)]
+
+
+def test_hook_units_are_never_taken_for_a_consumer_unit():
+    unit_re = consumer_names.unit_re()
+    for unit, expected in (("batchq-mail.service", "batchq-mail.on-failure.abc.service"),
+                           ("batchq-mail@2.service", "batchq-mail.2.on-recovery.abc.service")):
+        kind = "on_recovery" if "@" in unit else "on_failure"
+        name = after_run.hook_unit(unit, kind, "abc")
+        assert name == expected
+        assert not unit_re.match(name)
+
+
+def test_the_script_and_the_collection_agree_on_names():
+    assert after_run.BATCH_END == consumer_names.BATCH_END
+    assert after_run.STATE_DIR == consumer_names.HOOKS_STATE_DIR
+    assert os.path.basename(consumer_names.AFTER_RUN) == os.path.basename(SCRIPT)
