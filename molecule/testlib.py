@@ -167,6 +167,11 @@ def release_batch(hosts, tag):
         run = wait_for(lambda: [r for r in finished(runs(host, "long")) if r["tag"] == tag],
                        30, "the end of the %s batch" % tag)[-1]
         assert run["status"] == 0, journal(host, "long")
+        # The probe writes its end a moment before it exits, and ExecStopPost=
+        # runs after that: a start asked for while the unit is still activating
+        # is taken as done by the running batch. Wait until the run has ended.
+        wait_for(lambda: show(host, "batchq-long.service", "ActiveState")["ActiveState"] in ("inactive", "failed"),
+                 30, "batchq-long.service to end its %s run" % tag)
 
 
 def release_held(hosts):

@@ -39,11 +39,14 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
     assert counts[1:] == [b - a for a, b in zip(positions, positions[1:])], (positions, counts)
     assert min(counts[1:]) >= 3, counts  # crasher crashes about every second: a real storm
     # each told crash is the first to end every seconds after the one told
-    # before (crash starts stand in for their ends: a crash lasts a moment)
+    # before (crash starts stand in for their ends: a crash lasts a moment).
+    # The decision is taken when the after-run writer of a crash ends, up to a
+    # few seconds after the crash on a loaded host: the crash before a told one
+    # may start a little later than every seconds after the one told before.
     starts = [run["start"] for run in crash_runs]
     for before, told in zip(positions, positions[1:]):
         assert starts[told] - starts[before] >= every - 0.5, (starts[before], starts[told])
-        assert starts[told - 1] - starts[before] < every + 0.5, (starts[before], starts[told - 1])
+        assert starts[told - 1] - starts[before] < every + FEW_SECONDS, (starts[before], starts[told - 1])
     for note in notes:
         assert note["argv"] == ["crasher"]
         assert (note["BATCHQ_UNIT"], note["BATCHQ_RESULT"]) in (
