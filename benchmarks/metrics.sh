@@ -2,8 +2,9 @@
 # What writing the Prometheus metrics costs per batch, on one Debian 12 host.
 # Usage: make images && benchmarks/metrics.sh [RUNS]
 # Prints the median (and range) of
-#  - a plain consumer: the ExecStopPost= writer as systemd runs it after a
-#    batch (python3, systemctl show, the file), wall time added to each run;
+#  - a plain consumer: the unit's ExecStopPost= command, batchq_after_run.py
+#    with --metrics, as systemd runs it after a batch (python3, systemctl show,
+#    the file), wall time added to each run;
 #  - a drain: one update() in the runner after each batch of a consumer whose
 #    file already holds 4 instances' series.
 set -euo pipefail
@@ -12,7 +13,10 @@ runs=${1:-30}
 host=${BATCHQ_HOST_PREFIX:-batchq}-metrics-bench
 trap 'docker rm -f "$host" >/dev/null 2>&1 || true' EXIT
 tools/systemd-container.sh "$host" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
-docker cp roles/consumer/files/batchq_metrics.py "$host":/usr/local/lib/batchq_metrics.py
+docker exec "$host" mkdir -p /usr/local/lib/batchq
+for file in batchq_metrics.py batchq_after_run.py; do
+  docker cp "roles/consumer/files/$file" "$host:/usr/local/lib/batchq/$file"
+done
 for _ in $(seq 60); do
   docker exec "$host" systemctl is-system-running 2>/dev/null | grep -qE '^(running|degraded)$' && break
   sleep 1
@@ -22,14 +26,14 @@ docker exec "$host" sh -c 'mkdir -p /var/lib/prometheus/node-exporter/batchq-ben
 
 docker exec -i "$host" python3 - "$runs" <<'PY'
 import os, statistics, subprocess, sys, time
-sys.path.insert(0, "/usr/local/lib")
+sys.path.insert(0, "/usr/local/lib/batchq")
 import batchq_metrics
 
 runs = int(sys.argv[1])
 folder = "/var/lib/prometheus/node-exporter/batchq-bench.d"
 env = dict(os.environ, SERVICE_RESULT="success", EXIT_CODE="exited", EXIT_STATUS="0")
-argv = ["/usr/bin/python3", "-I", "/usr/local/lib/batchq_metrics.py", folder, "bench", "batchq-bench.service",
-        "60000000", "3600000000"]
+argv = ["/usr/bin/python3", "-I", "/usr/local/lib/batchq/batchq_after_run.py", "bench", "batchq-bench.service",
+        "--metrics", folder, "60000000", "3600000000"]
 subprocess.run(argv, env=env, check=True)  # warm the page cache and __pycache__
 
 
@@ -43,6 +47,10 @@ for _ in range(runs):
     began = time.monotonic()
     subprocess.run(argv, env=env, check=True)
     plain.append(time.monotonic() - began)
+# the writer did its work: every run counted (the warm-up too)
+with open(os.path.join(folder, "metrics.prom"), encoding="utf-8") as handle:
+    counted = [line for line in handle if line.startswith('batchq_consumer_runs_total{') and 'result="success"' in line]
+assert counted and float(counted[0].split()[-1]) == runs + 1, counted
 drain = []
 for n in range(runs * 10):
     run = {"result": "backlog", "status": 75, "started": time.time() - 0.1, "ended": time.time()}
