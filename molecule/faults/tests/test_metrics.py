@@ -88,3 +88,14 @@ def test_node_exporter_reads_every_file_whole_while_batches_write_them(host):
                       if metric == "node_textfile_mtime_seconds" and dict(labels)["file"].endswith("batchq-healthy.prom"))
         time.sleep(0.3)
     assert set(errors) == {0}, errors
+
+
+def test_the_paused_gauge_tells_a_paused_consumer_from_a_stalled_one(host):
+    """dormant is deployed with state: paused (the alert rule leaves it alone);
+    every other consumer says 0."""
+    series = scrape(host)
+    paused = {dict(labels)["consumer"]: value for (metric, labels), value in series.items()
+              if metric == "batchq_consumer_paused"}
+    assert paused.pop("dormant") == 1, paused
+    assert paused and set(paused.values()) == {0}, paused
+    assert "healthy" in paused

@@ -96,6 +96,12 @@ def timers_active(name):
     return host(name).check_output("systemctl show -P ActiveState 'batchq-pgqueue@1.timer' 'batchq-pgqueue@2.timer'")
 
 
+def paused_gauge(name):
+    """The value of batchq_consumer_paused in pgqueue's textfile on a worker."""
+    text = host(name).check_output("cat /var/lib/prometheus/node-exporter/batchq-pgqueue.paused.prom")
+    return [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("batchq_consumer_paused{")]
+
+
 def test_bad_input_fails_before_any_host_changes():
     before = {name: timers_active(name) for name in WORKERS}
     code, output = control("stop")
@@ -125,9 +131,12 @@ def test_the_fleet_drains_through_faults():
     assert jobs_by_state().get("queued", 0) > 0, "the queue was empty before the pause"
     for name in WORKERS:
         assert timers_active(name).split() == ["inactive", "inactive"], name
+        assert paused_gauge(name) == ["1"], name  # the alert rules leave it alone
     # Resume (first batches start_delay, 45 s, later), and kick them now.
     code, output = control("resume")
     assert code == 0, output
+    for name in WORKERS:
+        assert paused_gauge(name) == ["0"], name
     code, output = control("run")
     assert code == 0, output
     FLEET["kicked"] = said(output, "started now")
