@@ -2,7 +2,8 @@
 # Times consumer_info on one Debian 12 host with 50 consumers and history: 20.
 # Usage: make collection images && benchmarks/consumer_info.sh [ROUNDS]
 # Prints the seconds of the consumer_info task (module run and transfer, as
-# ansible's profile_tasks measures it) for each round, and their median.
+# ansible's profile_tasks measures it) for each round, and their median; then
+# the module's own time on the host (its AnsiballZ file run by the host's python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -55,3 +56,20 @@ for round in $(seq "$rounds"); do
   times+=("$seconds")
 done
 printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print "median: " a[int((NR+1)/2)] "s over " NR " rounds"}'
+
+# On the host alone: the module as Ansible ships it (AnsiballZ, kept on the
+# host), run by the host's python3, without the connection's and controller's share.
+ANSIBLE_KEEP_REMOTE_FILES=true ANSIBLE_PIPELINING=false \
+  ansible-playbook -i "$work/inventory.yml" "$work/bench.yml" >/dev/null
+docker exec -i "$host" python3 - "$rounds" <<'PY'
+import glob, statistics, subprocess, sys, time
+wrapper = max(glob.glob("/root/.ansible/tmp/ansible-tmp-*/AnsiballZ_consumer_info.py"))
+seconds = []
+for _ in range(int(sys.argv[1])):
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, wrapper], stdout=subprocess.PIPE, check=True).stdout
+    seconds.append(time.monotonic() - began)
+    assert b'"history"' in out and b'"failed": true' not in out, out[:300]
+print("on the host: consumer_info (AnsiballZ, python3) median %.2fs over %d runs (%s)"
+      % (statistics.median(seconds), len(seconds), " ".join("%.2f" % s for s in seconds)))
+PY

@@ -16,7 +16,7 @@ description:
     ones named, with its state, its timer, its last run with that run's own log lines, a history
     of finished runs and a summary.
   - Runs are told apart by systemd's invocation ID, so the log lines of a run are that run's only.
-  - One C(systemctl show) call covers all units; journal reads are bounded by unit, by invocation
+  - Two C(systemctl show) calls cover all units; journal reads are bounded by unit, by invocation
     and by count, never a scan of the whole journal.
   - Works on systemd 252 (Debian 12) and 257 (Debian 13). When the journal has lost a run (rotated
     or volatile), it says so in a warning and still reports what systemd knows.
@@ -281,10 +281,11 @@ class Host:
             raise CommandError("%s failed (rc=%d): %s" % (" ".join(argv), rc, err.strip()))
         return out
 
-    def units(self, prefix):
+    def units(self, prefix, pool):
         pattern = [prefix + "*.service", prefix + "*.timer"]
-        return (self.run([self.systemctl, "list-unit-files", "--no-legend", "--plain", "--"] + pattern)
-                + self.run([self.systemctl, "list-units", "--all", "--no-legend", "--plain", "--"] + pattern))
+        return "".join(pool.map(self.run, (
+            [self.systemctl, "list-unit-files", "--no-legend", "--plain", "--"] + pattern,
+            [self.systemctl, "list-units", "--all", "--no-legend", "--plain", "--"] + pattern)))
 
     def show(self, units, properties):
         if not units:
@@ -372,6 +373,13 @@ def wanted(found, names, prefix):
     return chosen
 
 
+def shares(services, most=4, least=8):
+    """services in up to `most` lists of at least `least` each (one list when
+    there are fewer), every service in one of them, for reads side by side."""
+    count = min(most, max(1, len(services) // least))
+    return [services[i::count] for i in range(count)] if services else []
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -389,24 +397,33 @@ def main():
     if refusal:
         module.fail_json(msg=refusal)
     host = Host(module)
+    # Commands wait mostly on systemd and the disk: those that need not wait
+    # for each other run side by side.
+    pool = ThreadPoolExecutor(max_workers=4)
     try:
-        chosen = wanted(consumer_units(host.units(params["prefix"]), params["prefix"]),
+        chosen = wanted(consumer_units(host.units(params["prefix"], pool), params["prefix"]),
                         params["names"], params["prefix"])
         # systemctl refuses to show a template: those come from template_show().
         shown = [units for units in chosen.values() if "template" not in units]
+        timers_read = pool.submit(
+            host.show, [units[kind] for units in shown for kind in ("timer", "starter") if kind in units],
+            TIMER_PROPERTIES)
         services = host.show([units["service"] for units in shown], SERVICE_PROPERTIES)
-        timers = host.show([units[kind] for units in shown for kind in ("timer", "starter") if kind in units],
-                           TIMER_PROPERTIES)
+        now_realtime, now_monotonic = time.time(), time.monotonic()
+        # The runs of all consumers in one journalctl read (up to four side by
+        # side for many consumers), the logs of their last runs in one: a
+        # process per consumer costs more than the reading, and the output of
+        # one read (megabytes for 50 consumers with a long history) costs more
+        # to take in than to find. The journal is read after the services were
+        # shown: it holds every run they know of.
+        journaled = sorted(units["service"] for units in shown
+                           if services.get(units["service"], {}).get("LoadState") == "loaded")
+        runs_read = {}
+        for part in pool.map(lambda share: host.runs(share, params["history"]), shares(journaled)):
+            runs_read.update(part)
+        timers = timers_read.result()
     except CommandError as exc:
-        module.fail_json(msg=str(exc))
-    now_realtime, now_monotonic = time.time(), time.monotonic()
-    # One journalctl read for the runs of all consumers, one for the logs of
-    # their last runs: a process per consumer costs more than the reading.
-    journaled = sorted(units["service"] for units in shown
-                       if services.get(units["service"], {}).get("LoadState") == "loaded")
-    try:
-        runs_read = host.runs(journaled, params["history"]) if journaled else {}
-    except CommandError as exc:
+        pool.shutdown(wait=False)
         module.fail_json(msg=str(exc))
 
     def read(key):
@@ -450,8 +467,7 @@ def main():
             return str(exc)
         return None
 
-    # journalctl calls wait mostly on the disk, so a few at once save time.
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with pool:
         results = list(pool.map(read, sorted(chosen)))
         errors = ["%s: %s" % (key, error) for key, consumer, said, error, shared_log in results if error]
         if errors:

@@ -137,3 +137,12 @@ def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch):
                  if report["last_run"] and report["last_run"]["invocation_id"]]
     assert last_runs
     assert all(last["log"] == ["output of " + last["invocation_id"]] for last in last_runs), last_runs
+
+
+@pytest.mark.parametrize("count, reads", [(0, 0), (1, 1), (15, 1), (16, 2), (31, 3), (50, 4), (400, 4)])
+def test_many_services_are_read_in_up_to_four_shares_that_hold_each_once(count, reads):
+    services = ["batchq-c%03d.service" % i for i in range(count)]
+    parts = consumer_info.shares(services)
+    assert len(parts) == reads
+    assert sorted(service for part in parts for service in part) == services
+    assert all(len(part) >= 8 for part in parts) or reads <= 1
