@@ -88,3 +88,23 @@ def test_update_replaces_the_file_atomically_readable_by_others(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["metrics.prom"]
     assert os.stat(tmp_path / "metrics.prom").st_mode & 0o777 == 0o644
     assert metrics.parse((tmp_path / "metrics.prom").read_text())[("runs_total", UNIT, "success")] == 2
+
+
+def test_every_counter_a_rule_may_watch_is_there_from_the_first_batch_at_0():
+    series = metrics.record({}, UNIT, run("success"), 60.0, 0)
+    assert {key[2]: value for key, value in series.items() if key[0] == "runs_total"} == {
+        "success": 1, "exit-code": 0, "signal": 0, "timeout": 0}
+
+
+def test_the_series_of_units_the_consumer_no_longer_has_are_dropped():
+    series = {}
+    for unit in ("batchq-mail@1.service", "batchq-mail@2.service", "batchq-mail@3.service"):
+        series = metrics.record(series, unit, run("success"), 60.0, 0)
+    # instances 3 -> 2
+    kept = ("batchq-mail@1.service", "batchq-mail@2.service")
+    series = metrics.record(series, "batchq-mail@1.service", run("exit-code"), 60.0, 0, kept)
+    assert {key[1] for key in series} == set(kept)
+    assert series[("runs_total", "batchq-mail@2.service", "success")] == 1
+    # no list: nothing is dropped
+    assert {key[1] for key in metrics.record(series, "batchq-mail@9.service", run("success"), 60.0, 0)} == {
+        "batchq-mail@1.service", "batchq-mail@2.service", "batchq-mail@9.service"}

@@ -53,4 +53,5 @@ def test_instances_of_a_drain_share_one_file_with_a_series_each(host):
     wait_for(lambda: {unit for unit, result in consumer_series(scrape(host), "shared", "runs_total")} >= wanted, 30,
              "both instances in the metrics")
     files = host.check_output("ls /var/lib/prometheus/node-exporter").split()
-    assert [f for f in files if f.startswith("batchq-shared")] == ["batchq-shared.d", "batchq-shared.prom"], files
+    assert [f for f in files if f.startswith("batchq-shared")] == [
+        "batchq-shared.d", "batchq-shared.paused.prom", "batchq-shared.prom"], files

@@ -4,7 +4,7 @@
 """After each run of a consumer: its Prometheus metrics and its failure hooks.
 
 Usage (the unit's ExecStopPost=, as root, outside the sandbox):
-    batchq_after_run.py CONSUMER UNIT [--metrics FOLDER INTERVAL_USEC TIMEOUT_USEC]
+    batchq_after_run.py CONSUMER UNIT [--metrics FOLDER INTERVAL_USEC TIMEOUT_USEC UNITS]
                         [--hooks EVERY_USEC ON_FAILURE_JSON ON_RECOVERY_JSON]
 and, in a hook's own transient unit:
     batchq_after_run.py --run-hook
@@ -13,7 +13,12 @@ How the run ended comes from systemd: SERVICE_RESULT, EXIT_CODE, EXIT_STATUS
 and INVOCATION_ID (all there for ExecStopPost= since systemd 232), its times
 from `systemctl show`. A drain writes its metrics after each batch itself
 (batchq-drain); its failed batch is always the last of its run, so its hooks
-are run from here too.
+are run from here too. UNITS: the consumer's services, comma-separated (the
+series of any other unit are dropped from its file).
+
+systemd runs this within the unit's stop timeout and cgroup limits: every
+command and lock here has a deadline (DEADLINE), so that it can never hold
+the unit in "deactivating" or turn the run's result into a timeout.
 
 A hook never runs in the consumer's unit: it is started with `systemd-run
 --no-block` as a transient unit of its own, limited to EVERY (or 1 min), so
@@ -24,7 +29,6 @@ The state is /var/lib/batchq-hooks/<consumer>.json (root's; it survives
 reboots). Nothing here can fail the run: errors are printed, the exit status is 0.
 """
 
-import fcntl
 import json
 import os
 import subprocess
@@ -37,20 +41,26 @@ BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
 LOG_LINES = 20
 SUCCESSES = ("success",)
 C_ENV = {"LANG": "C", "LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+DEADLINE = 5.0
 
 
 def hook_decision(state, failed, now, every):
     """The consumer's hook state after one run, and which hook to run with how
-    many failures: (state, None) or (state, ("on_failure" or "on_recovery", failures))."""
-    pending, episode = state.get("pending", 0), state.get("episode", 0)
-    notified_at = state.get("notified_at")
+    many failures: (state, None) or (state, ("on_failure" or "on_recovery", failures)).
+
+    At most one on_failure per `every`, counting the failures since the one
+    told before (pending); a success tells on_recovery once when failures were
+    told since the last recovery (told), with all of them. The time of the
+    last notification outlives a recovery: a consumer that fails and succeeds
+    by turns is told once per `every`, not twice a run."""
+    pending, told, notified_at = state.get("pending", 0), state.get("told", 0), state.get("notified_at")
     if failed:
         if notified_at is None or now - notified_at >= every:
-            return {"pending": 0, "episode": episode + 1, "notified_at": now}, ("on_failure", pending + 1)
-        return {"pending": pending + 1, "episode": episode + 1, "notified_at": notified_at}, None
-    if episode:
-        return {}, ("on_recovery", episode)
-    return {}, None
+            return {"pending": 0, "told": told + pending + 1, "notified_at": now}, ("on_failure", pending + 1)
+        return {"pending": pending + 1, "told": told, "notified_at": notified_at}, None
+    if told:
+        return {"pending": 0, "told": 0, "notified_at": notified_at}, ("on_recovery", told + pending)
+    return {"pending": pending, "told": 0, "notified_at": notified_at}, None
 
 
 def hook_unit(unit, kind, invocation):
@@ -65,7 +75,7 @@ def _monotonic_times(unit):
     output = subprocess.run(
         ["systemctl", "show", unit, "--property=InactiveExitTimestampMonotonic",
          "--property=ExecMainStartTimestampMonotonic", "--property=ExecMainExitTimestampMonotonic"],
-        stdout=subprocess.PIPE, check=True, env=C_ENV).stdout.decode()
+        stdout=subprocess.PIPE, check=True, env=C_ENV, timeout=DEADLINE).stdout.decode()
     usec = {key: int(value or 0) for key, value in (line.split("=", 1) for line in output.splitlines() if "=" in line)}
     activated = usec.get("InactiveExitTimestampMonotonic", 0)
     # A start that failed before exec keeps the previous run's exec times.
@@ -76,16 +86,23 @@ def _monotonic_times(unit):
     return (now - (now_mono - started / 1e6) if started else end), end
 
 
-def write_metrics(consumer, unit, folder, interval_usec, timeout_usec):
+def _batchq_metrics():
+    """batchq_metrics.py, installed beside this file; loaded only when needed."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import batchq_metrics  # pylint: disable=import-outside-toplevel
+    return batchq_metrics
+
+
+def write_metrics(consumer, unit, folder, interval_usec, timeout_usec, units):
+    batchq_metrics = _batchq_metrics()
     started, ended = _monotonic_times(unit)
     run = {
         "result": os.environ.get("SERVICE_RESULT", "success"),
         "status": batchq_metrics.exit_status(os.environ.get("EXIT_CODE", ""), os.environ.get("EXIT_STATUS")),
         "started": round(started, 6), "ended": round(ended, 6),
     }
-    batchq_metrics.update(folder, consumer, unit, run, int(interval_usec) / 1e6, int(timeout_usec) / 1e6)
+    batchq_metrics.update(folder, consumer, unit, run, int(interval_usec) / 1e6, int(timeout_usec) / 1e6,
+                          tuple(units.split(",")))
 
 
 def run_hooks(consumer, unit, every_usec, on_failure, on_recovery):
@@ -96,7 +113,7 @@ def run_hooks(consumer, unit, every_usec, on_failure, on_recovery):
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
         # Instances of one consumer share the state: one at a time.
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        _batchq_metrics().lock(handle.fileno(), DEADLINE)
         try:
             state = json.loads(handle.read() or "{}")
         except ValueError:
@@ -123,7 +140,7 @@ def run_hooks(consumer, unit, every_usec, on_failure, on_recovery):
          "--property=RuntimeMaxSec=%d" % max(1, int(every) if every else 60)]
         + ["--setenv=%s=%s" % pair for pair in sorted(environment.items())]
         + ["/usr/bin/python3", "-I", os.path.abspath(__file__), "--run-hook"],
-        check=True, env=C_ENV)
+        check=True, env=C_ENV, timeout=DEADLINE)
 
 
 def batch_log(invocation):
@@ -158,7 +175,7 @@ def main(args):
     consumer, unit, rest = args[0], args[1], args[2:]
     options = {}
     while rest:
-        count = {"--metrics": 3, "--hooks": 3}[rest[0]]
+        count = {"--metrics": 4, "--hooks": 3}[rest[0]]
         options[rest[0]], rest = rest[1:1 + count], rest[1 + count:]
     for option, action in (("--metrics", write_metrics), ("--hooks", run_hooks)):
         if option in options:

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import tempfile
+import time
 
 PREFIX = "batchq_consumer_"
 # name: (type, help); the order of the file
@@ -37,6 +38,11 @@ METRICS = {
     "timeout_seconds": ("gauge", "The consumer's timeout per batch (+Inf: none)."),
 }
 SUCCESSES = ("success", "backlog")
+# runs_total of these results is there from a unit's first batch on, at 0:
+# increase() and rate() miss the first count of a series that starts at 1.
+COUNTED_FROM_ZERO = ("success", "exit-code", "signal", "timeout")
+# Longest wait for another instance's write; then this batch's is left out.
+LOCK_WAIT = 5.0
 SERIES_RE = re.compile(r'^%s(?P<metric>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$' % PREFIX)
 LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -71,9 +77,13 @@ def exit_status(exit_code, status):
     return 128 + number
 
 
-def record(series, unit, run, interval, timeout):
-    """series updated with one finished batch: run has result, status, started, ended."""
-    new = dict(series)
+def record(series, unit, run, interval, timeout, units=()):
+    """series updated with one finished batch: run has result, status, started, ended.
+    units: the consumer's units now; the series of others (fewer instances
+    than before, or none) are dropped, or alerts would see them for ever."""
+    new = {key: value for key, value in series.items() if not units or key[1] in units}
+    for result in COUNTED_FROM_ZERO:
+        new.setdefault(("runs_total", unit, result), 0)
     ok = run["result"] in SUCCESSES
     new[("last_run_start_timestamp_seconds", unit, "")] = run["started"]
     new[("last_run_end_timestamp_seconds", unit, "")] = run["ended"]
@@ -113,26 +123,42 @@ def render(consumer, series):
     return "\n".join(lines) + "\n"
 
 
-def update(folder, consumer, unit, run, interval, timeout):
-    """Add one finished batch to FOLDER/metrics.prom, atomically."""
+def lock(descriptor, wait):
+    """flock(LOCK_EX), waiting at most `wait` seconds: a writer never holds a batch up."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError("%ss waiting for another writer" % wait) from None
+            time.sleep(0.01)
+
+
+def update(folder, consumer, unit, run, interval, timeout, units=()):
+    """Add one finished batch to FOLDER/metrics.prom, atomically and durably
+    (the file holds the counters: a power cut must not empty it)."""
     target = os.path.join(folder, "metrics.prom")
-    lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         # Instances of one consumer share the file: one writer at a time.
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock(folder_fd, LOCK_WAIT)
         try:
             with open(target, encoding="utf-8") as handle:
                 series = parse(handle.read())
         except FileNotFoundError:
             series = {}
-        text = render(consumer, record(series, unit, run, interval, timeout))
+        text = render(consumer, record(series, unit, run, interval, timeout, units))
         handle, temporary = tempfile.mkstemp(dir=folder, prefix=".metrics.", suffix=".tmp")
         try:
             os.write(handle, text.encode("utf-8"))
             # node_exporter reads it as its own user; the sandbox's umask is 0077.
             os.fchmod(handle, 0o644)
+            os.fsync(handle)
         finally:
             os.close(handle)
         os.rename(temporary, target)
+        os.fsync(folder_fd)  # the folder: the rename itself
     finally:
-        os.close(lock)
+        os.close(folder_fd)
