@@ -33,7 +33,7 @@ runs = int(sys.argv[1])
 folder = "/var/lib/prometheus/node-exporter/batchq-bench.d"
 env = dict(os.environ, SERVICE_RESULT="success", EXIT_CODE="exited", EXIT_STATUS="0")
 argv = ["/usr/bin/python3", "-I", "/usr/local/lib/batchq/batchq_after_run.py", "bench", "batchq-bench.service",
-        "--metrics", folder, "60000000", "3600000000"]
+        "--metrics", folder, "60000000", "3600000000", "batchq-bench.service"]
 subprocess.run(argv, env=env, check=True)  # warm the page cache and __pycache__
 
 
