@@ -51,7 +51,8 @@ collection: $(VENV)/.installed
 lint: collection
 	yamllint --strict .
 	ansible-lint
-	@for plugin in module:consumer_info module:consumer_units role:consumer filter:consumers filter:consumer_leftovers \
+	@for plugin in module:consumer_info module:consumer_units module:consumer_files role:consumer filter:consumers \
+	    filter:consumer_leftovers filter:consumer_metrics_files \
 	    filter:consumer_status_table filter:consumer_status_problems; do \
 	  ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"doc"' \
 	    || ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"entry_points"' \

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
     AFTER_RUN,
     BATCH_END,
@@ -98,6 +99,10 @@ def consumer_leftovers(host_paths, normalized, prefix=DEFAULT_PREFIX, exclusive=
     return leftovers(host_paths, normalized, prefix, exclusive)
 
 
+def consumer_metrics_files(normalized, folder, prefix=DEFAULT_PREFIX, enabled=True, paused=None, only_paused=False):
+    return metrics_files(normalized, folder, prefix, enabled, paused, only_paused)
+
+
 def consumer_status_table(reports, now):
     return table(reports, now)
 
@@ -112,6 +117,7 @@ class FilterModule:
         return {
             "consumers": consumers,
             "consumer_leftovers": consumer_leftovers,
+            "consumer_metrics_files": consumer_metrics_files,
             "consumer_names": consumer_names,
             "consumer_secret_files": consumer_secret_files,
             "consumer_status_table": consumer_status_table,

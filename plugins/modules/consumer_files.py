@@ -1,0 +1,211 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Lay out many small files, folders and links in one step."""
+
+from __future__ import annotations
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: consumer_files
+short_description: Lay out many small files, folders and links in one step
+version_added: 0.1.0
+description:
+  - Used by the C(batchq.consumers.consumer) role and the C(consumer_control) playbook for the
+    consumers' metrics files (see the C(batchq.consumers.consumer_metrics_files) filter). One call
+    does what a loop of C(ansible.builtin.file) and C(ansible.builtin.copy) tasks would do with
+    several round trips to the host for every consumer.
+  - Each entry is brought to its state in order; only what differs is changed. A file's content
+    is replaced atomically (a temporary file in the same folder, then a rename).
+options:
+  files:
+    description: What to lay out, in this order.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: Absolute path.
+        type: path
+        required: true
+      state:
+        description:
+          - V(directory), V(file) (with O(files[].content)), V(link) (to O(files[].src)) or
+            V(absent) (a folder goes with everything in it).
+        type: str
+        choices: [directory, file, link, absent]
+        default: file
+      content:
+        description: The content of a V(file).
+        type: str
+        default: ""
+      force:
+        description:
+          - Replace the content of an existing V(file) that differs; V(false) only creates a missing
+            one, and leaves an existing one alone, its owner and mode too.
+        type: bool
+        default: true
+      src:
+        description: Where a V(link) points, as written into the link.
+        type: str
+      owner:
+        description: Owner of a V(directory) or V(file); default the one the module runs as.
+        type: str
+      group:
+        description: Group of a V(directory) or V(file); default the owner's.
+        type: str
+      mode:
+        description: Octal permissions of a V(directory) or V(file), for example V("0644").
+        type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+author:
+  - batchq.consumers contributors (@batchq)
+"""
+
+EXAMPLES = r"""
+- name: Lay out the consumers' metrics files
+  batchq.consumers.consumer_files:
+    files: "{{ consumers | batchq.consumers.consumer_metrics_files('/var/lib/prometheus/node-exporter', 'batchq-') }}"
+"""
+
+RETURN = r"""
+changed_paths:
+  description: The paths that were changed (or would be, in check mode), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: [/var/lib/prometheus/node-exporter/batchq-mail.paused.prom]
+"""
+
+import grp
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _ids(entry):
+    """(uid, gid) the entry asks for; -1 for what it leaves alone."""
+    uid = pwd.getpwnam(entry["owner"]).pw_uid if entry.get("owner") else -1
+    gid = grp.getgrnam(entry["group"]).gr_gid if entry.get("group") else -1
+    return uid, gid
+
+
+def _attributes_differ(path, entry):
+    info = os.lstat(path)
+    uid, gid = _ids(entry)
+    mode = int(entry["mode"], 8) if entry.get("mode") else None
+    return ((uid != -1 and info.st_uid != uid) or (gid != -1 and info.st_gid != gid)
+            or (mode is not None and stat.S_IMODE(info.st_mode) != mode))
+
+
+def _set_attributes(path, entry):
+    uid, gid = _ids(entry)
+    if uid != -1 or gid != -1:
+        os.chown(path, uid, gid)
+    if entry.get("mode"):
+        os.chmod(path, int(entry["mode"], 8))
+
+
+def _content(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        return None
+
+
+def needs_change(entry):
+    """Whether the entry differs from what is on the host."""
+    path, state = entry["path"], entry["state"]
+    exists = os.path.lexists(path)
+    if state == "absent":
+        return exists
+    if state == "link":
+        return not os.path.islink(path) or os.readlink(path) != entry["src"]
+    if state == "directory":
+        return not os.path.isdir(path) or os.path.islink(path) or _attributes_differ(path, entry)
+    if not exists or os.path.islink(path) or not os.path.isfile(path):
+        return True
+    if not entry["force"]:
+        return False  # someone else's from now on (the metrics writers replace it as root or as the consumer)
+    return _content(path) != entry["content"] or _attributes_differ(path, entry)
+
+
+def apply(entry):
+    """Bring the entry to its state (needs_change() said it differs)."""
+    path, state = entry["path"], entry["state"]
+    if state != "directory" and os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    if state == "absent":
+        if os.path.lexists(path):
+            os.unlink(path)
+    elif state == "link":
+        # a new link renamed over the old one: never a moment without it
+        temporary = "%s.%d.tmp" % (path, os.getpid())
+        os.symlink(entry["src"], temporary)
+        os.rename(temporary, path)
+    elif state == "directory":
+        if os.path.islink(path):
+            os.unlink(path)
+        if not os.path.isdir(path):
+            os.mkdir(path)
+        _set_attributes(path, entry)
+    else:
+        if os.path.islink(path):
+            os.unlink(path)
+        if not os.path.isfile(path) or (entry["force"] and _content(path) != entry["content"]):
+            handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".batchq.")
+            with os.fdopen(handle, "w", encoding="utf-8") as output:
+                output.write(entry["content"])
+            # readable as asked before it is in place (mkstemp makes it 0600)
+            _set_attributes(temporary, dict(entry, mode=entry.get("mode") or "0644"))
+            os.rename(temporary, path)
+        _set_attributes(path, entry)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "files": {"type": "list", "elements": "dict", "required": True, "options": {
+                "path": {"type": "path", "required": True},
+                "state": {"type": "str", "choices": ["directory", "file", "link", "absent"], "default": "file"},
+                "content": {"type": "str", "default": ""},
+                "force": {"type": "bool", "default": True},
+                "src": {"type": "str"},
+                "owner": {"type": "str"},
+                "group": {"type": "str"},
+                "mode": {"type": "str"},
+            }},
+        },
+        supports_check_mode=True,
+    )
+    changed = []
+    for entry in module.params["files"]:
+        if entry["state"] == "link" and not entry["src"]:
+            module.fail_json(msg="%s: a link needs src" % entry["path"])
+        try:
+            if needs_change(entry):
+                changed.append(entry["path"])
+                if not module.check_mode:
+                    apply(entry)
+        except (OSError, KeyError) as exc:
+            module.fail_json(msg="%s: %s" % (entry["path"], exc), changed_paths=changed)
+    module.exit_json(changed=bool(changed), changed_paths=changed)
+
+
+if __name__ == "__main__":
+    main()
