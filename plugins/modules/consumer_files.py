@@ -20,11 +20,16 @@ description:
   - Each entry is brought to its state in order; only what differs is changed. A file's content
     is replaced atomically (a temporary file in the same folder, then a rename).
 options:
+  absent:
+    description: Paths to remove first (a folder goes with everything in it); a missing one is fine.
+    type: list
+    elements: path
+    default: []
   files:
-    description: What to lay out, in this order.
+    description: What to lay out, in this order, after O(absent).
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       path:
         description: Absolute path.
@@ -180,7 +185,8 @@ def apply(entry):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "files": {"type": "list", "elements": "dict", "required": True, "options": {
+            "absent": {"type": "list", "elements": "path", "default": []},
+            "files": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "path", "required": True},
                 "state": {"type": "str", "choices": ["directory", "file", "link", "absent"], "default": "file"},
                 "content": {"type": "str", "default": ""},
@@ -194,8 +200,9 @@ def main():
         supports_check_mode=True,
     )
     changed = []
-    for entry in module.params["files"]:
-        if entry["state"] == "link" and not entry["src"]:
+    gone = [{"path": path, "state": "absent"} for path in module.params["absent"]]
+    for entry in gone + module.params["files"]:
+        if entry["state"] == "link" and not entry.get("src"):
             module.fail_json(msg="%s: a link needs src" % entry["path"])
         try:
             if needs_change(entry):

@@ -63,7 +63,8 @@ def test_absent_waits_for_the_batch_then_leaves_nothing_behind(hosts):
     process.output = process.communicate(timeout=300)[0]
     assert_deployed(process)
     for host in hosts:
-        left = host.run("find /etc/systemd /run/systemd/system -name 'batchq-long*'").stdout
+        left = host.run("find /etc/systemd /run/systemd/system /var/lib/prometheus/node-exporter "
+                        "-name 'batchq-long*'").stdout
         assert left == "", left
         assert show(host, "batchq-long.service", "LoadState")["LoadState"] == "not-found"
         assert host.file("/var/lib/batchq/long/runs.jsonl").exists  # data is kept
