@@ -10,6 +10,8 @@ import time
 from testlib import consumer_spec, finished, journal, runs, wait_for
 
 RECORD = "/var/log/batchq-hooks.jsonl"
+# systemd's "Main process exited" (consumer_runs.PROCESS_EXITED)
+PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
 # "the first failure after a success notifies within a few seconds": well
 # under one on a quiet host; 5-6 s seen with a load average of 45 on 2 cores
 FEW_SECONDS = 10.0
@@ -17,6 +19,16 @@ FEW_SECONDS = 10.0
 
 def span(name):
     return float(consumer_spec(name)["on_failure_every"].rstrip("s"))
+
+
+def exits(host, unit):
+    """{invocation: when systemd saw its main process exit} of unit's runs, by
+    systemd's own clock (journald may receive the message later)."""
+    out = host.check_output("journalctl --no-pager -o json --output-fields=INVOCATION_ID,_SOURCE_REALTIME_TIMESTAMP "
+                            "UNIT=%s MESSAGE_ID=%s", unit, PROCESS_EXITED)
+    entries = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return {e["INVOCATION_ID"]: int(e.get("_SOURCE_REALTIME_TIMESTAMP", e["__REALTIME_TIMESTAMP"])) / 1e6
+            for e in entries if "INVOCATION_ID" in e}
 
 
 def hooks(host, consumer, event="on-failure"):
@@ -39,14 +51,13 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
     assert counts[1:] == [b - a for a, b in zip(positions, positions[1:])], (positions, counts)
     assert min(counts[1:]) >= 3, counts  # crasher crashes about every second: a real storm
     # each told crash is the first to end every seconds after the one told
-    # before (crash starts stand in for their ends: a crash lasts a moment).
-    # The decision is taken when the after-run writer of a crash ends, up to a
-    # few seconds after the crash on a loaded host: the crash before a told one
-    # may start a little later than every seconds after the one told before.
-    starts = [run["start"] for run in crash_runs]
+    # before: the period runs between the crashes' ends as systemd recorded
+    # them ("Main process exited", by invocation)
+    ends = exits(host, "batchq-crasher.service")
     for before, told in zip(positions, positions[1:]):
-        assert starts[told] - starts[before] >= every - 0.5, (starts[before], starts[told])
-        assert starts[told - 1] - starts[before] < every + FEW_SECONDS, (starts[before], starts[told - 1])
+        first, last, previous = (ends[crashes[i]] for i in (before, told, told - 1))
+        assert last - first >= every - 0.1, (first, last)
+        assert previous - first < every + 0.1, (first, previous)
     for note in notes:
         assert note["argv"] == ["crasher"]
         assert (note["BATCHQ_UNIT"], note["BATCHQ_RESULT"]) in (

@@ -23,8 +23,9 @@ the unit in "deactivating" or turn the run's result into a timeout.
 A hook never runs in the consumer's unit: it is started with `systemd-run
 --no-block` as a transient unit of its own, limited to EVERY (or 1 min), so
 it cannot delay, block or kill a batch, and its failure is its own. At most
-one on_failure per consumer per EVERY while failures go on, each saying how
-many failures it covers; the first failure after a success notifies at once.
+one on_failure per consumer per EVERY while failures go on (EVERY between the
+ends of the runs told, as systemd recorded them), each saying how many
+failures it covers; the first failure after a success notifies at once.
 The state is /var/lib/batchq-hooks/<consumer>.json (root's; it survives
 reboots). Nothing here can fail the run: errors are printed, the exit status is 0.
 """
@@ -93,9 +94,9 @@ def _batchq_metrics():
     return batchq_metrics
 
 
-def write_metrics(consumer, unit, folder, interval_usec, timeout_usec, units):
+def write_metrics(consumer, unit, times, folder, interval_usec, timeout_usec, units):
     batchq_metrics = _batchq_metrics()
-    started, ended = _monotonic_times(unit)
+    started, ended = times
     run = {
         "result": os.environ.get("SERVICE_RESULT", "success"),
         "status": batchq_metrics.exit_status(os.environ.get("EXIT_CODE", ""), os.environ.get("EXIT_STATUS")),
@@ -105,7 +106,7 @@ def write_metrics(consumer, unit, folder, interval_usec, timeout_usec, units):
                           tuple(units.split(",")))
 
 
-def run_hooks(consumer, unit, every_usec, on_failure, on_recovery):
+def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
     every = int(every_usec) / 1e6
     failed = os.environ.get("SERVICE_RESULT", "success") not in SUCCESSES
     os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
@@ -118,7 +119,9 @@ def run_hooks(consumer, unit, every_usec, on_failure, on_recovery):
             state = json.loads(handle.read() or "{}")
         except ValueError:
             state = {}
-        state, hook = hook_decision(state, failed, time.time(), every)
+        # the run's end, not this writer's clock: how long it took to get
+        # here (seconds on a loaded host) must not move the period
+        state, hook = hook_decision(state, failed, times[1], every)
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps(state))
@@ -177,10 +180,15 @@ def main(args):
     while rest:
         count = {"--metrics": 4, "--hooks": 3}[rest[0]]
         options[rest[0]], rest = rest[1:1 + count], rest[1 + count:]
+    try:
+        times = _monotonic_times(unit)
+    except Exception as exc:  # pylint: disable=broad-except
+        sys.stderr.write("batchq_after_run: times of %s unknown: %s\n" % (unit, exc))
+        times = (time.time(), time.time())
     for option, action in (("--metrics", write_metrics), ("--hooks", run_hooks)):
         if option in options:
             try:
-                action(consumer, unit, *options[option])
+                action(consumer, unit, times, *options[option])
             except Exception as exc:  # pylint: disable=broad-except
                 sys.stderr.write("batchq_after_run: %s of %s failed: %s\n" % (option[2:], unit, exc))
     return 0
