@@ -49,19 +49,18 @@ def hook_decision(state, failed, now, every):
     """The consumer's hook state after one run, and which hook to run with how
     many failures: (state, None) or (state, ("on_failure" or "on_recovery", failures)).
 
-    At most one on_failure per `every`, counting the failures since the one
-    told before (pending); a success tells on_recovery once when failures were
-    told since the last recovery (told), with all of them. The time of the
-    last notification outlives a recovery: a consumer that fails and succeeds
-    by turns is told once per `every`, not twice a run."""
-    pending, told, notified_at = state.get("pending", 0), state.get("told", 0), state.get("notified_at")
+    A failure after a success is told at once: it begins a new episode;
+    while failures go on, at most one on_failure per `every`. A consumer that
+    fails and succeeds by turns is told each time (see the README)."""
+    pending, episode = state.get("pending", 0), state.get("episode", 0)
+    notified_at = state.get("notified_at")
     if failed:
         if notified_at is None or now - notified_at >= every:
-            return {"pending": 0, "told": told + pending + 1, "notified_at": now}, ("on_failure", pending + 1)
-        return {"pending": pending + 1, "told": told, "notified_at": notified_at}, None
-    if told:
-        return {"pending": 0, "told": 0, "notified_at": notified_at}, ("on_recovery", told + pending)
-    return {"pending": pending, "told": 0, "notified_at": notified_at}, None
+            return {"pending": 0, "episode": episode + 1, "notified_at": now}, ("on_failure", pending + 1)
+        return {"pending": pending + 1, "episode": episode + 1, "notified_at": notified_at}, None
+    if episode:
+        return {}, ("on_recovery", episode)
+    return {}, None
 
 
 def hook_unit(unit, kind, invocation):
