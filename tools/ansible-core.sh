@@ -54,7 +54,7 @@ envs=()
 while IFS='=' read -r name _; do envs+=(-e "$name"); done < <(env | grep -E '^(PIP_[A-Z_]+|CI)=' || true)
 
 # The images are built above, on this machine: the container has no debootstrap.
-exec docker run --rm --name "$prefix-controller" --network host \
+exec docker run --rm --name "$prefix-controller-$$" --network host \
   -v /var/run/docker.sock:/var/run/docker.sock -v "$PWD:$PWD" -w "$PWD" "${mounts[@]}" "${envs[@]}" \
   "$image" make -o images -o engine PYTHON=python3.13 VENV="$cache/venv" REQUIREMENTS="${pins[0]}" \
   CACHE="$cache" BATCHQ_HOST_PREFIX="$prefix" "$@"
