@@ -50,6 +50,9 @@ done
 for dir in $( { cat "${confs[@]}" /dev/null; env | grep '^PIP_'; } | grep -oE '(file://)?/[^ ]+' | sed 's,^file://,,; s,/simple/*$,,' | sort -u); do
   [ -d "$dir" ] && mounts+=(-v "$dir:$dir:ro")
 done
+# A git worktree keeps its repository outside the tree; sanity.sh lists files with git.
+common=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+case $common in "$PWD"/* | "") ;; *) mounts+=(-v "$common:$common:ro") ;; esac
 envs=()
 while IFS='=' read -r name _; do envs+=(-e "$name"); done < <(env | grep -E '^(PIP_[A-Z_]+|CI)=' || true)
 
