@@ -2,12 +2,16 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3.11
-VENV := .venv
+# tools/ansible-core.sh gives each ansible-core its own venv, pins and cache.
+VENV ?= .venv
+REQUIREMENTS ?= requirements-test.txt
 BIN := $(abspath $(VENV))/bin
-CACHE := $(abspath .cache)
+CACHE ?= $(abspath .cache)
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
 SCENARIOS ?= default info faults drain fleet
+# The controller for ansible-core 2.20 and later, which need Python 3.12+.
+CONTROLLER_IMAGE ?= batchq/controller:trixie
 
 # Everything below runs the collection as users install it: the built tarball.
 export PATH := $(BIN):$(PATH)
@@ -17,10 +21,15 @@ export ANSIBLE_FORCE_COLOR := false
 # ansible-lint installs the collection it lints into ANSIBLE_HOME: keep that
 # copy here, not in the user's home where it would outlive the next build.
 export ANSIBLE_HOME := $(CACHE)/ansible-home
+export BATCHQ_CACHE := $(CACHE)
 
-.PHONY: test demo demo-down lint sanity unit rules molecule images engine collection clean
+.PHONY: test matrix demo demo-down lint sanity unit rules molecule images controller-image engine collection clean
 
-test: lint sanity unit rules molecule
+# lint and the alert rules once; unit, sanity and molecule under every supported ansible-core (tools/matrix.sh).
+test: lint rules matrix
+
+matrix: images controller-image
+	tools/matrix.sh
 
 demo: collection images
 	tools/demo.sh up
@@ -28,9 +37,11 @@ demo: collection images
 demo-down: $(VENV)/.installed
 	tools/demo.sh down
 
-$(VENV)/.installed: requirements-test.txt
+# A pinned file lists every package, so --no-deps installs exactly that set
+# (and lets a pre-release core sit beside an ansible that pins an older one).
+$(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r $(REQUIREMENTS)
 	touch $@
 
 engine:
@@ -41,10 +52,13 @@ images: engine
 	tools/build-image.sh trixie
 	tools/build-image.sh bookworm batchq/postgresql:bookworm postgresql
 
+controller-image: engine
+	tools/build-image.sh trixie $(CONTROLLER_IMAGE) python3-venv,docker-cli,make,git,shellcheck,ca-certificates
+
 collection: $(VENV)/.installed
 	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq $(ANSIBLE_HOME)/collections
 	ansible-galaxy collection build --force --output-path $(CACHE)/build . >/dev/null
-	@! tar -tzf $(TARBALL) | grep -E '^(molecule|tests|tools|\.ci)/' || { echo "test files in the tarball" >&2; exit 1; }
+	@! tar -tzf $(TARBALL) | grep -E '^(molecule|tests|tools|requirements|\.ci)/' || { echo "test files in the tarball" >&2; exit 1; }
 	ansible-galaxy collection install --force -p $(CACHE)/collections $(TARBALL) >/dev/null
 	@echo "installed $(TARBALL)"
 
@@ -71,7 +85,10 @@ rules:
 	tools/promtool.sh test rules tests/prometheus/*.test.yml
 
 molecule: collection images
-	for scenario in $(SCENARIOS); do molecule test --scenario-name $$scenario; done
+	# Each scenario keeps its state below CACHE: two ansible-cores may run it at once.
+	for scenario in $(SCENARIOS); do \
+	  MOLECULE_EPHEMERAL_DIRECTORY=$(CACHE)/molecule/$$scenario molecule test --scenario-name $$scenario; \
+	done
 
 clean: demo-down
 	rm -rf $(CACHE) $(VENV)

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Without shellcheck, ansible-test skips the check of the shell scripts.
 command -v shellcheck >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; }
-cache=$PWD/.cache/sanity
+cache=${BATCHQ_CACHE:-$PWD/.cache}/sanity
 tree=$cache/ansible_collections/batchq/consumers
 home=$cache/home
 
@@ -19,8 +19,14 @@ git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t 
 git -C "$tree" init -q && git -C "$tree" add -A
 
 mkdir -p "$home/.ansible/test/cache"
-# The pip version that the pinned ansible-core (requirements-test.txt) bootstraps.
-pip_version=24.2
+# The pip version that the installed ansible-core bootstraps: each release pins its own.
+python=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+pip_version=$(python3 - <<'PY'
+import pathlib, re, ansible_test
+source = pathlib.Path(ansible_test.__file__).parent / "_internal/python_requirements.py"
+print(re.search(r"pip='([^']+)'", source.read_text()).group(1))
+PY
+)
 cat >"$home/.ansible/test/cache/get_pip_${pip_version//./_}.py" <<'PY'
 import ensurepip
 import os
@@ -34,4 +40,4 @@ runpy.run_module("pip", run_name="__main__", alter_sys=True)
 PY
 
 cd "$tree"
-HOME=$home ansible-test sanity --python 3.11 --requirements "$@"
+HOME=$home ansible-test sanity --python "$python" --requirements "$@"

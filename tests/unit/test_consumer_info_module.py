@@ -5,6 +5,7 @@ is cut short by a busy consumer, so each other consumer is read on its own,
 and the read of one fails, which a real host does not do on demand, hence the patch.
 """
 
+import contextlib
 import json
 import pathlib
 import threading
@@ -12,8 +13,21 @@ import threading
 import pytest
 
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.batchq.consumers.plugins.modules import consumer_info
+
+try:
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # ansible-core before 2.19 reads a module's arguments from basic._ANSIBLE_ARGS
+
+    @contextlib.contextmanager
+    def patch_module_args(args):
+        saved = basic._ANSIBLE_ARGS
+        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+        try:
+            yield
+        finally:
+            basic._ANSIBLE_ARGS = saved
+
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "bookworm"
 
