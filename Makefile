@@ -48,8 +48,10 @@ engine:
 	tools/docker-engine.sh
 
 images: engine
+	tools/build-image.sh bullseye
 	tools/build-image.sh bookworm
 	tools/build-image.sh trixie
+	tools/build-image.sh forky
 	tools/build-image.sh bookworm batchq/postgresql:bookworm postgresql
 
 controller-image: engine
@@ -66,7 +68,7 @@ lint: collection
 	yamllint --strict .
 	ansible-lint
 	@for plugin in module:consumer_info module:consumer_units module:consumer_files role:consumer filter:consumers \
-	    filter:consumer_leftovers filter:consumer_metrics_files \
+	    filter:consumer_leftovers filter:consumer_metrics_files filter:consumer_systemd \
 	    filter:consumer_status_table filter:consumer_status_problems; do \
 	  ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"doc"' \
 	    || ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"entry_points"' \

@@ -36,9 +36,14 @@ case $suite in
 esac
 [ -z "$extra" ] || packages+=,$extra
 
+# An older debootstrap has no script for a newer suite (Debian 12's knows no
+# forky); testing is bootstrapped like sid (SYSTEMD_FACTS.md §24).
+script=/usr/share/debootstrap/scripts/$suite
+[ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid
+
 root=$(mktemp -d /var/tmp/batchq-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror" >"$root.log" 2>&1 \
+debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror" "$script" >"$root.log" 2>&1 \
   || { tail -20 "$root.log" >&2; rm -f "$root.log"; exit 1; }
 rm -f "$root.log"
 

@@ -20,6 +20,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names im
     UNIT_DIR,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_status import problems, table
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     normalize_consumers,
@@ -103,6 +104,10 @@ def consumer_metrics_files(normalized, folder, prefix=DEFAULT_PREFIX, enabled=Tr
     return metrics_files(normalized, folder, prefix, enabled, paused, only_paused)
 
 
+def consumer_systemd(version_output, host="this host"):
+    return systemd_support(version_output, host)
+
+
 def consumer_status_table(reports, now):
     return table(reports, now)
 
@@ -122,4 +127,5 @@ class FilterModule:
             "consumer_secret_files": consumer_secret_files,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,
+            "consumer_systemd": consumer_systemd,
         }

@@ -166,7 +166,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import parse_show
 
-LANG_C = {"LANG": "C", "LC_ALL": "C"}
+# systemd 247's systemd-analyze colours its messages even into a pipe.
+LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
 
 
 def read(path):
