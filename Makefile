@@ -86,10 +86,12 @@ rules:
 	tools/promtool.sh check rules examples/prometheus/*.rules.yml
 	tools/promtool.sh test rules tests/prometheus/*.test.yml
 
+# PLATFORM=debian11 (or debian12, debian13, debiantesting) runs a scenario on that host alone.
 molecule: collection images
 	# Each scenario keeps its state below CACHE: two ansible-cores may run it at once.
 	for scenario in $(SCENARIOS); do \
-	  MOLECULE_EPHEMERAL_DIRECTORY=$(CACHE)/molecule/$$scenario molecule test --scenario-name $$scenario; \
+	  MOLECULE_EPHEMERAL_DIRECTORY=$(CACHE)/molecule/$$scenario molecule test --scenario-name $$scenario \
+	    $(if $(PLATFORM),--platform-name $${BATCHQ_HOST_PREFIX:-batchq}-$$scenario-$(PLATFORM)); \
 	done
 
 clean: demo-down

@@ -241,6 +241,11 @@ def consumer_info(host, **options):
     return result
 
 
+def systemd_version(host):
+    """The host's systemd release, e.g. 247 (`systemctl --version`: "systemd 247 (247.3-7+deb11u5)")."""
+    return int(host.check_output("systemctl --version").split()[1])
+
+
 def next_elapse(host, timer):
     """NEXT of list-timers, 'Sun 2026-11-29 12:58:26 UTC' in the host's zone (UTC), in seconds."""
     listed = host.check_output("systemctl list-timers --all --no-legend %s", timer).split()

@@ -28,10 +28,10 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}
 # Everything a test needs inside a container is baked in here: containers
 # have no package mirror of their own. sudo is there to test become with it;
 # node_exporter serves the consumers' metrics; psycopg runs the PostgreSQL
-# example consumer (bullseye has only psycopg2, so not there).
+# example consumer (bullseye has only psycopg2, which it uses there).
 packages=systemd,systemd-sysv,dbus,python3,procps,iproute2,sudo,prometheus-node-exporter
 case $suite in
-  bullseye) ;;
+  bullseye) packages+=,python3-psycopg2 ;;
   *) packages+=,python3-psycopg ;;
 esac
 [ -z "$extra" ] || packages+=,$extra

@@ -1,45 +1,54 @@
 #!/usr/bin/env bash
 # Runs the test matrix of `make test` (tools/ansible-core.sh for each part):
 # unit tests and ansible-test sanity under the oldest and the newest
-# ansible-core, the `default` scenario under every supported one, the full
-# suite under the newest. At most JOBS (default 2) parts run at once: a
-# scenario's containers mostly wait on timers, so two fit a 2-core machine
-# (README: Support). MATRIX_ONLY=REGEX runs only the parts it matches.
+# ansible-core; every scenario on all its hosts (Debian 11, 12, 13, and
+# testing in `default`) under the newest; the `default` scenario under each
+# other release on one host, a different Debian for each, inside that
+# release's target Pythons (README: Support). Two lanes run side by side, each
+# part after part: the newest's scenarios (heavy: three to five hosts each)
+# in one, the other releases' single-host runs and the unit and sanity checks
+# in the other, so that the 2-core machine never runs two heavy parts at once.
+# MATRIX_ONLY=REGEX runs only the parts it matches.
 # Each part logs to .cache/matrix/PART.log; a summary with each part's minutes
 # closes the run, and a failed part fails it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 oldest=2.16 newest=2.21
-parts=(
+heavy=(
   "$newest molecule SCENARIOS=default"
-  "2.22 molecule SCENARIOS=default"
-  "$oldest molecule SCENARIOS=default"
-  "2.18 molecule SCENARIOS=default"
-  "2.19 molecule SCENARIOS=default"
-  "2.20 molecule SCENARIOS=default"
-  "$newest molecule SCENARIOS=info"
-  "$newest molecule SCENARIOS=drain"
   "$newest molecule SCENARIOS=faults"
+  "$newest molecule SCENARIOS=drain"
+  "$newest molecule SCENARIOS=info"
   "$newest molecule SCENARIOS=fleet"
-  "$newest unit sanity"
-  "$oldest unit sanity"
 )
-[ -z "${MATRIX_ONLY:-}" ] || mapfile -t parts < <(printf '%s\n' "${parts[@]}" | grep -E -- "$MATRIX_ONLY")
-jobs=${JOBS:-2}
+light=(
+  "$oldest unit sanity"
+  "$newest unit sanity"
+  "$oldest molecule SCENARIOS=default PLATFORM=debian11"
+  "2.18 molecule SCENARIOS=default PLATFORM=debian12"
+  "2.19 molecule SCENARIOS=default PLATFORM=debian13"
+  "2.20 molecule SCENARIOS=default PLATFORM=debiantesting"
+  "2.22 molecule SCENARIOS=default PLATFORM=debiantesting"
+)
+only() { printf '%s\n' "$@" | grep -E -- "${MATRIX_ONLY:-.}" || true; }
+mapfile -t heavy < <(only "${heavy[@]}")
+mapfile -t light < <(only "${light[@]}")
+jobs=2
 logs=.cache/matrix
 rm -rf "$logs" && mkdir -p "$logs"
 
 run() {  # PART [MAKE OPTIONS]: runs it, then writes its verdict and minutes to its .result
   local name=${1// /-} began=$SECONDS status=passed words
   name=${name//SCENARIOS=/}
+  name=${name//PLATFORM=/}
   read -ra words <<<"$1"
   tools/ansible-core.sh "${words[@]}" "${@:2}" >"$logs/$name.log" 2>&1 || status=FAILED
   awk -v part="$1" -v status=$status -v s=$((SECONDS - began)) \
     'BEGIN { printf "%-36s %-7s %5.1f min\n", part, status, s / 60 }' | tee "$logs/$name.result"
 }
 
-pool() {  # PART...: runs them, at most JOBS at once, each with the make options in $options
+pool() {  # PART...: runs them, two at once, each with the make options in $options
   for part in "$@"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
     run "$part" "${options[@]}" &
@@ -47,15 +56,23 @@ pool() {  # PART...: runs them, at most JOBS at once, each with the make options
   wait
 }
 
+lane() {  # PART...: runs them one after another, with the make options in $options
+  for part in "$@"; do run "$part" "${options[@]}"; done
+}
+
 failed() { grep -l FAILED "$logs"/*.result 2>/dev/null; }
 
 start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
-mapfile -t setups < <(printf '%s\n' "${parts[@]}" | cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
+mapfile -t setups < <(printf '%s\n' "${heavy[@]}" "${light[@]}" | cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
 options=()
 pool "${setups[@]}"
 options=(-o collection)
-failed >/dev/null || pool "${parts[@]}"
+if ! failed >/dev/null; then
+  lane "${heavy[@]}" &
+  lane "${light[@]}" &
+  wait
+fi
 
 echo "matrix: $(cat "$logs"/*.result | wc -l) parts in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"
 cat "$logs"/*.result

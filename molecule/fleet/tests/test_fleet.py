@@ -1,6 +1,6 @@
 """A fleet drains one PostgreSQL queue through real faults and loses no job.
 
-Three workers (two instances each) drain 20 000 jobs while one worker is
+Four workers (two instances each; Debian 11, 12, 12 and 13) drain 20 000 jobs while one worker is
 killed outright in the middle of a batch and started again, another is cut off
 from the database for 30 s, a rolling deploy changes the consumers'
 environment, and the fleet is paused, resumed and kicked with
