@@ -89,9 +89,29 @@ def finished(runs_):
 
 
 def show(host, unit, *properties):
-    """systemctl show as a dict, timestamps in UTC with microseconds."""
-    out = host.check_output("systemctl show --timestamp=us+utc --property=%s %s", ",".join(properties), unit)
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    """systemctl show of a unit (of the manager for unit None) as a dict,
+    timestamps in UTC with microseconds."""
+    asked = list(properties) + [p + "Monotonic" for p in properties if p.endswith("Timestamp")]
+    command = "systemctl show --timestamp=us+utc --property=%s" % ",".join(asked)
+    out = host.check_output(command + (" %s" if unit else ""), *([unit] if unit else []))
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    for name in properties:
+        # systemd 247 ignores --timestamp in show: whole seconds. Its monotonic
+        # twin, taken at the same instant, gives the microseconds.
+        if name.endswith("Timestamp") and values.get(name) and "." not in values[name]:
+            values[name] = _utc_text(realtime_of(host, int(values[name + "Monotonic"])))
+    return {name: values.get(name, "") for name in properties}
+
+
+def realtime_of(host, monotonic_usecs):
+    """Seconds since the epoch of a CLOCK_MONOTONIC time of host, in microseconds."""
+    now, monotonic = map(float, host.check_output(
+        "python3 -c 'import time; print(time.time(), time.monotonic())'").split())
+    return now - (monotonic - monotonic_usecs / 1e6)
+
+
+def _utc_text(seconds):
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%a %Y-%m-%d %H:%M:%S.%f UTC")
 
 
 def timestamp(text):

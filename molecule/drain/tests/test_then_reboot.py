@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from test_drain import batches, left, start_slow_drain, stop_slow_drain
-from testlib import journal, timestamp, wait_for
+from testlib import journal, show, timestamp, wait_for
 
 
 def test_a_drain_goes_on_after_a_reboot(hosts):
@@ -16,7 +16,7 @@ def test_a_drain_goes_on_after_a_reboot(hosts):
         subprocess.run(["docker", "restart", name], check=True, stdout=subprocess.DEVNULL, timeout=120)
         wait_for(lambda: host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"),
                  90, "%s to finish booting" % name)
-        booted = timestamp(host.check_output("systemctl show --timestamp=us+utc --value --property=UserspaceTimestamp"))
+        booted = timestamp(show(host, None, "UserspaceTimestamp")["UserspaceTimestamp"])
         assert booted > rebooted_at
         after = wait_for(lambda: [b for b in batches(host, "slow") if b["start"] > booted], 60,
                          "the drain to go on after the reboot of %s" % name)

@@ -28,7 +28,7 @@ def test_enabled_consumers_run_after_a_reboot_and_paused_stay_paused(host):
     wait_for(lambda: host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"),
              90, "%s to finish booting" % name)
     start_delay = float(scenario_vars()["consumer_defaults"]["start_delay"].rstrip("s"))
-    booted = timestamp(host.check_output("systemctl show --timestamp=us+utc --value --property=UserspaceTimestamp"))
+    booted = timestamp(show(host, None, "UserspaceTimestamp")["UserspaceTimestamp"])
     assert booted > rebooted_at
     delays = {}
     for consumer in ENABLED:
