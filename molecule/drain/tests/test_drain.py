@@ -192,7 +192,7 @@ def test_a_deploy_during_a_drain_hands_over_to_the_new_definition_at_once(hosts)
             assert all(b["tag"] == "v1" for b in drained), "a batch ran at once%s" % journal(host, "slow")
             assert drained[-1]["status"] == BACKLOG and left(host, "slow") > 0
             unit = host.file("/etc/systemd/system/batchq-slow.service").content_string
-            assert "OnSuccess=" not in unit and "No OnSuccess= continuation: this host's systemd" in unit
+            assert "\nOnSuccess=" not in unit and "No OnSuccess= continuation: this host's systemd" in unit
             # slow's interval is 1h: the timer, not a continuation, starts the next batch
             assert next_elapse(host, "batchq-slow.timer") - drained[-1]["end"] > 3600 - 60
             kick(host, "batchq-slow.service")
