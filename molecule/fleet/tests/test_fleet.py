@@ -148,6 +148,8 @@ def test_the_fleet_drains_through_faults():
     wait_for(lambda: in_flight(KILLED), 30, "a batch in flight on %s" % KILLED, interval=0.1)
     docker("kill", KILLED)
     FLEET["killed_at"] = time.time()
+    # Cut while a batch of CUT holds claimed jobs: an idle worker would only fail to connect.
+    wait_for(lambda: in_flight(CUT), 30, "a batch in flight on %s" % CUT, interval=0.1)
     network = network_of(CUT)
     docker("network", "disconnect", network, CUT)
     FLEET["cut_at"] = time.time()
