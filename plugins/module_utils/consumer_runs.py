@@ -52,6 +52,29 @@ def parse_show(text):
     return units
 
 
+def monotonic_twins(properties):
+    """The CLOCK_MONOTONIC twin of each timestamp property, e.g. ExecMainStartTimestampMonotonic."""
+    return [name + "Monotonic" for name in properties if name.endswith("Timestamp") or name == "LastTriggerUSec"]
+
+
+def precise_timestamps(units, now, monotonic_now):
+    """Fill in the microseconds of the timestamps of parse_show's units.
+
+    systemd before 248 ignores `--timestamp=us+utc` in `show` and prints whole
+    seconds (a run of 0.4 s would last 1 s or none); the monotonic twin of each
+    timestamp, taken at the same instant, gives them, on the clock pair
+    (time.time(), time.monotonic()) read together on the host.
+    """
+    for fields in units.values():
+        for name, text in list(fields.items()):
+            twin = fields.get(name + "Monotonic", "0")
+            if text in ("", "n/a") or "." in text or twin in ("", "0"):
+                continue
+            seconds = now - (monotonic_now - int(twin) / 1e6)
+            fields[name] = datetime.fromtimestamp(seconds, timezone.utc).strftime("%a %Y-%m-%d %H:%M:%S.%f UTC")
+    return units
+
+
 def parse_timestamp(text):
     """Seconds since the epoch of systemd's 'Sun 2026-11-29 11:58:26.123456 UTC', or None."""
     text = (text or "").strip()

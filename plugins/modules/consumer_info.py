@@ -251,14 +251,17 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     group_journal,
     is_drain,
     iso,
+    monotonic_twins,
     parse_batch_end,
     parse_journal_lines,
     parse_journal_runs,
     parse_show,
+    precise_timestamps,
     template_show,
 )
 
-LANG_C = {"LANG": "C", "LC_ALL": "C"}
+# TZ: systemd before 248 prints show's timestamps in the local zone whatever --timestamp says.
+LANG_C = {"LANG": "C", "LC_ALL": "C", "TZ": "UTC"}
 # Where journald keeps the system journal: persistent, then volatile (journald.conf(5)).
 JOURNAL_FILES = ("/var/log/journal/*/system*.journal", "/run/log/journal/*/system*.journal")
 
@@ -290,8 +293,9 @@ class Host:
     def show(self, units, properties):
         if not units:
             return {}
-        return parse_show(self.run([self.systemctl, "show", "--timestamp=us+utc",
-                                    "--property=" + ",".join(properties), "--"] + units))
+        asked = list(properties) + monotonic_twins(properties)
+        out = self.run([self.systemctl, "show", "--timestamp=us+utc", "--property=" + ",".join(asked), "--"] + units)
+        return precise_timestamps(parse_show(out), time.time(), time.monotonic())
 
     def runs(self, services, history):
         """{service: its runs} for the services one journalctl read covers.

@@ -14,10 +14,12 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     iso,
     last_run,
     last_run_from_show,
+    monotonic_twins,
     parse_journal_lines,
     parse_journal_runs,
     parse_show,
     parse_timestamp,
+    precise_timestamps,
     summarize,
     template_show,
 )
@@ -264,3 +266,26 @@ def test_a_drain_is_told_by_its_runner():
     assert is_drain({"ExecStart": "{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -I "
                                   "/usr/local/lib/batchq/batchq-drain 75 0 30000000 -- /bin/true ; }"})
     assert not is_drain({"ExecStart": "{ path=/bin/true ; argv[]=/bin/true ; }"})
+
+
+def test_whole_seconds_of_systemd_247_get_their_microseconds_from_the_monotonic_twin():
+    """Recorded on Debian 11 with the clock pair read just before; D-Bus gave
+    ExecMainStartTimestamp=1796084732678436 µs for the same run."""
+    recorded = (FIXTURES / "bullseye" / "show-timestamps.txt").read_text()
+    units = precise_timestamps(parse_show(recorded), 1796084732.7052126, 44179.917458666)
+    service = units["systemd-tmpfiles-clean.service"]
+    assert abs(parse_timestamp(service["ExecMainStartTimestamp"]) - 1796084732.678436) < 0.0001
+    # 17.5 ms between start and exit, where the whole seconds said 0
+    assert round(parse_timestamp(service["ExecMainExitTimestamp"]) - parse_timestamp(service["ExecMainStartTimestamp"]),
+                 4) == 0.0175
+    # a timer never triggered keeps its empty value
+    assert units["systemd-tmpfiles-clean.timer"]["LastTriggerUSec"] == ""
+
+
+def test_timestamps_with_microseconds_are_left_as_systemd_printed_them():
+    text = "Id=a.service\nExecMainStartTimestamp=Tue 2026-12-01 00:25:32.123456 UTC\n" \
+           "ExecMainStartTimestampMonotonic=44179890677\n"
+    units = precise_timestamps(parse_show(text), 1796084732.7052126, 44179.917458666)
+    assert units["a.service"]["ExecMainStartTimestamp"] == "Tue 2026-12-01 00:25:32.123456 UTC"
+    assert monotonic_twins(["Id", "ExecMainStartTimestamp", "LastTriggerUSec"]) == [
+        "ExecMainStartTimestampMonotonic", "LastTriggerUSecMonotonic"]
