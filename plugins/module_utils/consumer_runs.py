@@ -53,8 +53,9 @@ def parse_show(text):
 
 
 def monotonic_twins(properties):
-    """The CLOCK_MONOTONIC twin of each timestamp property, e.g. ExecMainStartTimestampMonotonic."""
-    return [name + "Monotonic" for name in properties if name.endswith("Timestamp") or name == "LastTriggerUSec"]
+    """The CLOCK_MONOTONIC twin of each timestamp property, e.g. ExecMainStartTimestampMonotonic.
+    (A timer's LastTriggerUSecMonotonic is printed as a time span, "12h 20min 37.386257s": not used.)"""
+    return [name + "Monotonic" for name in properties if name.endswith("Timestamp")]
 
 
 def precise_timestamps(units, now, monotonic_now):
@@ -68,7 +69,7 @@ def precise_timestamps(units, now, monotonic_now):
     for fields in units.values():
         for name, text in list(fields.items()):
             twin = fields.get(name + "Monotonic", "0")
-            if text in ("", "n/a") or "." in text or twin in ("", "0"):
+            if not name.endswith("Timestamp") or text in ("", "n/a") or "." in text or not twin.isdigit() or twin == "0":
                 continue
             seconds = now - (monotonic_now - int(twin) / 1e6)
             fields[name] = datetime.fromtimestamp(seconds, timezone.utc).strftime("%a %Y-%m-%d %H:%M:%S.%f UTC")

@@ -287,5 +287,11 @@ def test_timestamps_with_microseconds_are_left_as_systemd_printed_them():
            "ExecMainStartTimestampMonotonic=44179890677\n"
     units = precise_timestamps(parse_show(text), 1796084732.7052126, 44179.917458666)
     assert units["a.service"]["ExecMainStartTimestamp"] == "Tue 2026-12-01 00:25:32.123456 UTC"
-    assert monotonic_twins(["Id", "ExecMainStartTimestamp", "LastTriggerUSec"]) == [
-        "ExecMainStartTimestampMonotonic", "LastTriggerUSecMonotonic"]
+    assert monotonic_twins(["Id", "ExecMainStartTimestamp", "LastTriggerUSec"]) == ["ExecMainStartTimestampMonotonic"]
+
+
+def test_a_timers_monotonic_time_span_is_no_twin():
+    """systemd 247 prints LastTriggerUSecMonotonic as a time span (seen on Debian 11)."""
+    text = "Id=a.timer\nLastTriggerUSec=Tue 2026-12-01 00:25:32 UTC\nLastTriggerUSecMonotonic=12h 20min 37.386257s\n"
+    units = precise_timestamps(parse_show(text), 1796084732.7052126, 44179.917458666)
+    assert units["a.timer"]["LastTriggerUSec"] == "Tue 2026-12-01 00:25:32 UTC"
