@@ -136,8 +136,10 @@ stopped:
   type: list
   elements: str
   sample: []
-finished:
-  description: Services whose running drain was asked to end after its batch in flight.
+ending:
+  description:
+    - Services whose running drain was asked to end after its batch in flight.
+    - Named so because ansible-core 2.21 takes a top-level C(finished) for an async job's flag and turns it into a bool.
   returned: always
   type: list
   elements: str
@@ -366,10 +368,10 @@ def main():
     # the next batch runs under the new one (batchq.continue@.service).
     rewritten = [name.replace("@.service", "@*.service") for name in written if name.endswith(".service")]
     started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"])
-    finished = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
+    ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
     ran, busy = run_idle(module, module.params["run"])
-    module.exit_json(changed=bool(written or started or stopped or finished or ran), written=written,
-                     started=started, stopped=stopped, finished=finished, ran=ran, busy=busy, diff=diffs)
+    module.exit_json(changed=bool(written or started or stopped or ending or ran), written=written,
+                     started=started, stopped=stopped, ending=ending, ran=ran, busy=busy, diff=diffs)
 
 
 if __name__ == "__main__":
