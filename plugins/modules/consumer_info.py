@@ -18,7 +18,7 @@ description:
   - Runs are told apart by systemd's invocation ID, so the log lines of a run are that run's only.
   - Two C(systemctl show) calls cover all units; journal reads are bounded by unit, by invocation
     and by count, never a scan of the whole journal.
-  - Works on systemd 252 (Debian 12) and 257 (Debian 13). When the journal has lost a run (rotated
+  - Works on systemd 247 (Debian 11) to 262 (Debian testing). When the journal has lost a run (rotated
     or volatile), it says so in a warning and still reports what systemd knows.
   - Needs to read the system journal, so it runs as root (C(become=true)) or as a member of the
     C(systemd-journal) group; any other user gets a failure that says so, never empty histories.
