@@ -10,7 +10,6 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
     AFTER_RUN,
-    BATCH_END,
     CONTINUE_UNIT,
     DEFAULT_ACCOUNT,
     DEFAULT_PREFIX,
@@ -70,8 +69,7 @@ _value:
 # What the role's vars/main.yml takes from consumer_names, so that each is
 # written down once for the Python and the role alike.
 NAMES = {"account": DEFAULT_ACCOUNT, "secrets_dir": SECRETS_DIR, "unit_dir": UNIT_DIR,
-         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT, "batch_end": BATCH_END,
-         "after_run": AFTER_RUN,
+         "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT, "after_run": AFTER_RUN,
          "hooks_state_dir": HOOKS_STATE_DIR}
 
 

@@ -28,11 +28,11 @@ UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 UNIT_SUCCEEDED = "7ad2d189f7e94e70a38c781354912448"
 RUN_MESSAGES = (JOB_STARTED, JOB_DONE, JOB_FAILED, PROCESS_EXITED, UNIT_FAILED, UNIT_SUCCEEDED)
 BATCH_FIELDS = ("BATCHQ_BATCH", "BATCHQ_RESULT", "BATCHQ_EXIT_STATUS", "BATCHQ_STARTED_USEC",
-                "BATCHQ_ENDED_USEC", "BATCHQ_LOG_IDENTIFIER")
+                "BATCHQ_ENDED_USEC")
 
 SERVICE_PROPERTIES = ("Id", "LoadState", "ActiveState", "Result", "InvocationID", "ExecMainCode",
                       "ExecMainStatus", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
-                      "InactiveExitTimestamp", "StateChangeTimestamp", "ExecStart")
+                      "InactiveExitTimestamp", "StateChangeTimestamp", "ExecStart", "ExecMainPID", "StatusText")
 TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTriggerUSec",
                     "NextElapseUSecMonotonic", "NextElapseUSecRealtime")
 
@@ -278,8 +278,7 @@ def parse_batch_end(text):
     """The last batch of a drain from batchq-drain's newest end record (journal JSON), or None.
 
     Returns number (batches the run had), started, finished (seconds),
-    duration_s, result (success, backlog, exit-code, signal) and exit_status,
-    and the SYSLOG_IDENTIFIER its output lines carry.
+    duration_s, result (success, backlog, exit-code, signal, timeout) and exit_status.
     """
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
@@ -294,8 +293,24 @@ def parse_batch_end(text):
         "duration_s": round(ended - started, 3),
         "result": entry.get("BATCHQ_RESULT"),
         "exit_status": int(status) if str(status).isdigit() else status,
-        "log_identifier": entry.get("BATCHQ_LOG_IDENTIFIER"),
     }
+
+
+_BATCH_STATUS = re.compile(r"batch (?P<number>\d+) ended: (?P<result>[a-z-]+) (?P<status>\w+) after (?P<duration>[\d.]+)s")
+
+
+def parse_batch_status(text):
+    """The last batch of a drain from the StatusText batchq-drain leaves on its
+    unit ("batch 12 ended: backlog 75 after 0.103s"), or None. systemd keeps it
+    until the next run starts, and only the runner can set it: the batch count
+    and result hold even when the journal dropped the end record."""
+    match = _BATCH_STATUS.fullmatch((text or "").strip())
+    if not match:
+        return None
+    status = match.group("status")
+    return {"number": int(match.group("number")), "started": None, "finished": None,
+            "duration_s": round(float(match.group("duration")), 3), "result": match.group("result"),
+            "exit_status": int(status) if status.isdigit() else status}
 
 
 def _public(run):

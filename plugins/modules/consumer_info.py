@@ -253,6 +253,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     iso,
     monotonic_twins,
     parse_batch_end,
+    parse_batch_status,
     parse_journal_lines,
     parse_journal_runs,
     parse_show,
@@ -317,16 +318,17 @@ class Host:
         return {service: parse_journal_runs("\n".join(groups.get(service, [])[:wanted])) for service in services
                 if complete or len(groups.get(service, [])) >= wanted}
 
-    def logs(self, runs, lines, identifier=None):
+    def logs(self, runs, lines, batch=None):
         """{invocation: the last lines of its own output} for runs (or for one
-        batch of a drain: identifier), read from their start (or end) on, in
-        one journalctl read; as runs(), a run crowded out by others is left out."""
+        batch of a drain: batch, the journal matches of its lines), read from
+        their start (or end) on, in one journalctl read; as runs(), a run
+        crowded out by others is left out."""
         runs = [run for run in runs if run["invocation_id"]]
         if not lines or not runs:
             return {run["invocation_id"]: [] for run in runs}
         since = min(datetime.fromisoformat((run["started"] or run["finished"]).replace("Z", "+00:00")).timestamp()
                     for run in runs)
-        batch = ["SYSLOG_IDENTIFIER=" + identifier] if identifier else []
+        batch = batch or []
         limit = lines * len(runs)
         out = self.run([
             self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID",
@@ -337,16 +339,32 @@ class Host:
         return {run["invocation_id"]: parse_journal_lines("\n".join(groups.get(run["invocation_id"], [])[-lines:]))
                 for run in runs if complete or len(groups.get(run["invocation_id"], [])) >= lines}
 
-    def log(self, run, lines, identifier=None):
+    def log(self, run, lines, batch=None):
         """The last lines of one run's own output (of one batch of a drain)."""
-        return self.logs([run], lines, identifier).get(run["invocation_id"], [])
+        return self.logs([run], lines, batch).get(run["invocation_id"], [])
 
-    def last_batch(self, run):
-        """The last batch of a drain run, from batchq-drain's own records."""
+    def last_batch(self, run, runner):
+        """The last batch of a drain run, from the end record of its runner
+        (process runner of that run: fields journald sets, which no other
+        process can forge), or None."""
         return parse_batch_end(self.run([
             self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=1",
             "--output-fields=" + ",".join(BATCH_FIELDS), "MESSAGE_ID=" + BATCH_END,
-            "BATCHQ_INVOCATION_ID=" + run["invocation_id"]]))
+            "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"], "_PID=%d" % runner]))
+
+
+def last_batch(host, service, run):
+    """The last batch of a drain's run and the PID of its runner: what its
+    StatusText says (kept by systemd, whatever the journal dropped), with the
+    times of the runner's end record. (None, 0) when systemd no longer knows the run."""
+    if service.get("InvocationID") != run["invocation_id"] or not service.get("ExecMainPID", "0").isdigit():
+        return None, 0
+    runner = int(service["ExecMainPID"])
+    said = parse_batch_status(service.get("StatusText"))
+    recorded = host.last_batch(run, runner) if runner else None
+    if recorded and (said is None or recorded["number"] == said["number"]):
+        return recorded, runner
+    return said, runner
 
 
 def journal_refusal():
@@ -447,19 +465,21 @@ def main():
             consumer, said = consumer_report(service, timer, runs, [], params["history"], now_realtime,
                                              now_monotonic, timers.get(units.get("starter")))
             last = consumer["last_run"]
-            identifier = None  # a drain's batches are told apart by their SYSLOG_IDENTIFIER
+            batch_lines = None  # the journal matches of a drain's last batch's lines
             if last is not None and last["invocation_id"] and is_drain(service):
-                batch = host.last_batch(last)
-                identifier = batch.pop("log_identifier") if batch else None
+                batch, runner = last_batch(host, service, last)
                 last["batches"] = batch["number"] if batch else 0
                 last["last_batch"] = batch and dict(batch, started=iso(batch["started"]),
                                                     finished=iso(batch["finished"]))
                 if batch and batch["result"] == "timeout":
                     last["result"] = "timeout"  # the runner, not systemd, times a drain's batches out
+                if batch:
+                    # relayed by the runner: its _PID, the batch's number
+                    batch_lines = ["_PID=%d" % runner, "BATCHQ_BATCH=%d" % batch["number"]]
             # a drain's last batch is read alone; every other log in one read, below
-            shared_log = last is not None and not identifier
-            if last is not None and identifier:
-                last["log"] = host.log(last, params["log_lines"], identifier)
+            shared_log = last is not None and not batch_lines
+            if last is not None and batch_lines:
+                last["log"] = host.log(last, params["log_lines"], batch_lines)
         except CommandError as exc:
             return key, None, [], str(exc), False
         return key, consumer, said, None, shared_log

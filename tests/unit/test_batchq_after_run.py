@@ -14,10 +14,11 @@ EVERY = 900.0
 
 
 def storm(outcomes, every=EVERY):
-    """(time, failed) runs from an empty state: the hooks they start, as (time, kind, failures)."""
+    """(time, failed) runs, or (time, failed, unit) runs of instances, from an
+    empty state: the hooks they start, as (time, kind, failures)."""
     state, started = {}, []
-    for now, failed in outcomes:
-        state, hook = after_run.hook_decision(state, failed, now, every)
+    for now, failed, *unit in outcomes:
+        state, hook = after_run.hook_decision(state, (unit or ["batchq-x.service"])[0], failed, now, every)
         if hook:
             started.append((now, hook[0], hook[1]))
     return started
@@ -34,6 +35,27 @@ def test_a_crash_storm_notifies_once_per_period_counting_every_failure():
 def test_the_first_failure_after_a_success_notifies_at_once_and_recovery_counts_the_episode():
     started = storm([(0, True), (10, True), (20, False), (30, True), (40, True), (50, True), (60, False), (70, False)])
     assert started == [(0, "on_failure", 1), (20, "on_recovery", 2), (30, "on_failure", 1), (60, "on_recovery", 3)]
+
+
+def test_a_poison_job_that_crashes_each_instance_in_turn_is_one_episode():
+    # 10 crashes in 10 min, each of two instances by turns, the other one
+    # succeeding in between: before, 20 notifications for 10 crashes
+    runs = []
+    for minute in range(10):
+        crashed, other = ("batchq-x@1.service", "batchq-x@2.service")[::1 if minute % 2 else -1]
+        runs += [(minute * 60, True, crashed), (minute * 60 + 30, False, other)]
+    started = storm(runs)
+    assert started == [(0, "on_failure", 1)]
+    # healthy again when the last run of each instance has succeeded
+    assert storm(runs + [(600, False, "batchq-x@1.service"), (601, False, "batchq-x@2.service")])[-1] == (
+        600, "on_recovery", 10)
+
+
+def test_an_instance_that_goes_on_failing_keeps_the_episode_open():
+    started = storm([(0, True, "batchq-x@1.service"), (10, False, "batchq-x@2.service"),
+                     (20, True, "batchq-x@1.service"), (30, False, "batchq-x@2.service"),
+                     (40, False, "batchq-x@1.service")])
+    assert started == [(0, "on_failure", 1), (40, "on_recovery", 2)]
 
 
 def test_successes_alone_start_nothing():
@@ -56,6 +78,14 @@ def test_hook_units_are_never_taken_for_a_consumer_unit():
 
 
 def test_the_script_and_the_collection_agree_on_names():
-    assert after_run.BATCH_END == consumer_names.BATCH_END
     assert after_run.STATE_DIR == consumer_names.HOOKS_STATE_DIR
     assert os.path.basename(consumer_names.AFTER_RUN) == os.path.basename(SCRIPT)
+
+
+def test_a_drains_failed_batch_log_is_its_last_batch_relayed_by_its_runner():
+    runner = "{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -I /usr/local/lib/batchq/batchq-drain 75 ... }"
+    assert after_run.batch_matches(runner, "4242", "batch 12 ended: exit-code 1 after 0.100s") == [
+        "_PID=4242", "BATCHQ_BATCH=12"]
+    # not a drain, or a runner that said nothing: every line of the run
+    assert after_run.batch_matches("{ path=/usr/local/bin/job ; }", "4242", "batch 12 ended: x") == []
+    assert after_run.batch_matches(runner, "4242", "") == []

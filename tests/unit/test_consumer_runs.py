@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
     is_drain,
     parse_batch_end,
+    parse_batch_status,
     consumer_report,
     consumer_units,
     iso,
@@ -242,12 +243,12 @@ def test_summary_of_no_runs():
 
 
 # Read off the recorded files by hand (record-batches.sh): number, result,
-# exit status, start, end and the identifier of the batch's log lines.
+# exit status, start and end.
 BATCH_ENDS = [
-    ("bookworm", "timeout", (5, "timeout", "TERM", 1796043685.483281, 1796043688.486189, 3.003, "batchq-probe#5")),
-    ("bookworm", "backlog", (40, "backlog", 75, 1796043881.864163, 1796043882.207003, 0.343, "batchq-probe#40")),
-    ("trixie", "timeout", (5, "timeout", "TERM", 1796043733.593903, 1796043736.600627, 3.007, "batchq-probe#5")),
-    ("trixie", "backlog", (4, "backlog", 75, 1796043882.593818, 1796043882.929213, 0.335, "batchq-probe#4")),
+    ("bookworm", "timeout", (5, "timeout", "TERM", 1796043685.483281, 1796043688.486189, 3.003)),
+    ("bookworm", "backlog", (40, "backlog", 75, 1796043881.864163, 1796043882.207003, 0.343)),
+    ("trixie", "timeout", (5, "timeout", "TERM", 1796043733.593903, 1796043736.600627, 3.007)),
+    ("trixie", "backlog", (4, "backlog", 75, 1796043882.593818, 1796043882.929213, 0.335)),
 ]
 
 
@@ -255,11 +256,29 @@ BATCH_ENDS = [
 def test_the_last_batch_of_a_drain_from_its_end_record(distro, result, expected):
     batch = parse_batch_end(fixture(distro, "batch-end-%s.json" % result))
     assert (batch["number"], batch["result"], batch["exit_status"], batch["started"], batch["finished"],
-            batch["duration_s"], batch["log_identifier"]) == pytest.approx(expected)
+            batch["duration_s"]) == pytest.approx(expected)
 
 
 def test_no_end_record_no_batch():
     assert parse_batch_end("") is None
+
+
+# What batchq-drain leaves in its unit's StatusText, as the runner writes it.
+@pytest.mark.parametrize("text, expected", [
+    ("batch 200 ended: success 0 after 0.004s", (200, "success", 0, 0.004)),
+    ("batch 12 ended: backlog 75 after 0.103s", (12, "backlog", 75, 0.103)),
+    ("batch 5 ended: timeout TERM after 3.003s", (5, "timeout", "TERM", 3.003)),
+    ("batch 1 ended: exit-code 1 after 12.500s", (1, "exit-code", 1, 12.5)),
+])
+def test_the_last_batch_of_a_drain_from_its_status_text(text, expected):
+    batch = parse_batch_status(text)
+    assert (batch["number"], batch["result"], batch["exit_status"], batch["duration_s"]) == expected
+    assert batch["started"] is None and batch["finished"] is None
+
+
+@pytest.mark.parametrize("text", ["", None, "processing", "batch 3 ended: success 0 after 0.1s\nbatch 4"])
+def test_no_status_text_of_the_runner_no_batch(text):
+    assert parse_batch_status(text) is None
 
 
 def test_a_drain_is_told_by_its_runner():

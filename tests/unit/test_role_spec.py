@@ -35,7 +35,6 @@ def test_role_takes_the_shared_names_from_consumer_names():
         "_consumer_secrets_dir": names.SECRETS_DIR,
         "_consumer_drain_runner": names.DRAIN_RUNNER,
         "_consumer_continue_unit": names.CONTINUE_UNIT,
-        "_consumer_batch_end": names.BATCH_END,
         "_consumer_after_run": names.AFTER_RUN,
         "_consumer_hooks_state_dir": names.HOOKS_STATE_DIR,
     }

@@ -37,27 +37,36 @@ import sys
 import time
 
 STATE_DIR = "/var/lib/batchq-hooks"
-# MESSAGE_ID of batchq-drain's record at the end of each batch (consumer_names.BATCH_END)
-BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
 LOG_LINES = 20
 SUCCESSES = ("success",)
 C_ENV = {"LANG": "C", "LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 DEADLINE = 5.0
 
 
-def hook_decision(state, failed, now, every):
-    """The consumer's hook state after one run, and which hook to run with how
-    many failures: (state, None) or (state, ("on_failure" or "on_recovery", failures)).
+def hook_decision(state, unit, failed, now, every):
+    """The consumer's hook state after one run of unit (one of its instances),
+    and which hook to run with how many failures: (state, None) or
+    (state, ("on_failure" or "on_recovery", failures)).
 
-    A failure after a success is told at once: it begins a new episode;
-    while failures go on, at most one on_failure per `every`. A consumer that
-    fails and succeeds by turns is told each time (see the README)."""
+    An episode of failures begins with a failure of a healthy consumer, told at
+    once, and ends when it is healthy again: the last run of every instance
+    that failed in it has succeeded. While it goes on, at most one on_failure
+    per `every`, whichever instance fails: a poison job that crashes each
+    instance in turn is one episode. A consumer that fails and succeeds by
+    turns is told each time (see the README)."""
     pending, episode = state.get("pending", 0), state.get("episode", 0)
     notified_at = state.get("notified_at")
+    failing = set(state.get("failing", []))
     if failed:
+        failing.add(unit)
         if notified_at is None or now - notified_at >= every:
-            return {"pending": 0, "episode": episode + 1, "notified_at": now}, ("on_failure", pending + 1)
-        return {"pending": pending + 1, "episode": episode + 1, "notified_at": notified_at}, None
+            return ({"pending": 0, "episode": episode + 1, "notified_at": now, "failing": sorted(failing)},
+                    ("on_failure", pending + 1))
+        return {"pending": pending + 1, "episode": episode + 1, "notified_at": notified_at,
+                "failing": sorted(failing)}, None
+    failing.discard(unit)
+    if failing:  # another instance's last run failed: the episode goes on
+        return dict(state, failing=sorted(failing)), None
     if episode:
         return {}, ("on_recovery", episode)
     return {}, None
@@ -70,20 +79,39 @@ def hook_unit(unit, kind, invocation):
     return "%s.%s.%s.service" % (stem.replace("@", "."), kind.replace("_", "-"), invocation or int(time.time()))
 
 
-def _monotonic_times(unit):
-    """Start and end of the unit's last run, in time.time() terms."""
+def _last_run(unit):
+    """Start and end of the unit's last run, in time.time() terms, and the
+    journal matches of the lines of its last batch (see batch_matches)."""
     output = subprocess.run(
         ["systemctl", "show", unit, "--property=InactiveExitTimestampMonotonic",
-         "--property=ExecMainStartTimestampMonotonic", "--property=ExecMainExitTimestampMonotonic"],
-        stdout=subprocess.PIPE, check=True, env=C_ENV, timeout=DEADLINE).stdout.decode()
-    usec = {key: int(value or 0) for key, value in (line.split("=", 1) for line in output.splitlines() if "=" in line)}
-    activated = usec.get("InactiveExitTimestampMonotonic", 0)
+         "--property=ExecMainStartTimestampMonotonic", "--property=ExecMainExitTimestampMonotonic",
+         "--property=ExecMainPID", "--property=StatusText", "--property=ExecStart"],
+        stdout=subprocess.PIPE, check=True, env=C_ENV, timeout=DEADLINE).stdout.decode("utf-8", "replace")
+    fields = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+    usec = {key: int(fields.get(key) or 0) for key in
+            ("InactiveExitTimestampMonotonic", "ExecMainStartTimestampMonotonic", "ExecMainExitTimestampMonotonic")}
+    activated = usec["InactiveExitTimestampMonotonic"]
     # A start that failed before exec keeps the previous run's exec times.
-    started = max(activated, usec.get("ExecMainStartTimestampMonotonic", 0))
+    started = max(activated, usec["ExecMainStartTimestampMonotonic"])
     now_mono, now = time.monotonic(), time.time()
-    ended = usec.get("ExecMainExitTimestampMonotonic", 0)
+    ended = usec["ExecMainExitTimestampMonotonic"]
     end = now if ended < started else now - (now_mono - ended / 1e6)
-    return (now - (now_mono - started / 1e6) if started else end), end
+    ran = ended >= started and usec["ExecMainStartTimestampMonotonic"] >= activated
+    matches = batch_matches(fields.get("ExecStart", ""), fields.get("ExecMainPID", ""),
+                            fields.get("StatusText", "")) if ran else []
+    return (now - (now_mono - started / 1e6) if started else end), end, matches
+
+
+def batch_matches(exec_start, main_pid, status_text):
+    """The journal matches, besides the run's invocation, of the lines of a
+    drain's last batch: relayed by its runner (main_pid, a field journald
+    sets), numbered by it (StatusText, "batch 12 ended: ...", which only the
+    runner can set). None for a run that is not a drain's: all its lines."""
+    words = status_text.split()
+    if "batchq-drain" not in exec_start or not main_pid.isdigit() or len(words) < 2 or words[0] != "batch" \
+            or not words[1].isdigit():
+        return []
+    return ["_PID=" + main_pid, "BATCHQ_BATCH=" + words[1]]
 
 
 def _batchq_metrics():
@@ -95,7 +123,7 @@ def _batchq_metrics():
 
 def write_metrics(consumer, unit, times, folder, interval_usec, timeout_usec, units):
     batchq_metrics = _batchq_metrics()
-    started, ended = times
+    started, ended = times[:2]
     run = {
         "result": os.environ.get("SERVICE_RESULT", "success"),
         "status": batchq_metrics.exit_status(os.environ.get("EXIT_CODE", ""), os.environ.get("EXIT_STATUS")),
@@ -120,7 +148,7 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
             state = {}
         # the run's end, not this writer's clock: how long it took to get
         # here (seconds on a loaded host) must not move the period
-        state, hook = hook_decision(state, failed, times[1], every)
+        state, hook = hook_decision(state, unit, failed, times[1], every)
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps(state))
@@ -134,6 +162,7 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
         "BATCHQ_UNIT": unit, "BATCHQ_RESULT": os.environ.get("SERVICE_RESULT", ""),
         "BATCHQ_EXIT_CODE": os.environ.get("EXIT_CODE", ""), "BATCHQ_EXIT_STATUS": os.environ.get("EXIT_STATUS", ""),
         "BATCHQ_INVOCATION_ID": invocation, "BATCHQ_FAILURES": str(failures),
+        "BATCHQ_LOG_MATCHES": json.dumps(times[2]),
     }
     # Values go over D-Bus as they are: systemd expands nothing in them.
     subprocess.run(
@@ -145,29 +174,21 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
         check=True, env=C_ENV, timeout=DEADLINE)
 
 
-def batch_log(invocation):
+def batch_log(invocation, matches):
     """The last lines of the run's failed batch: for a drain, the last batch's
-    own lines only (SYSLOG_IDENTIFIER=<program>#<batch>, from its end record)."""
-    def journal(*matches):
-        return subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=cat", "--lines=%d" % LOG_LINES]
-                              + list(matches), stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode(
-                                  "utf-8", "replace")
-
-    matches = ["_SYSTEMD_INVOCATION_ID=" + invocation]
-    end = subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=json", "--lines=1",
-                          "MESSAGE_ID=" + BATCH_END, "BATCHQ_INVOCATION_ID=" + invocation],
-                         stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode("utf-8", "replace")
-    if end.strip():
-        matches.append("SYSLOG_IDENTIFIER=" + json.loads(end.splitlines()[-1]).get("BATCHQ_LOG_IDENTIFIER", ""))
-    return journal(*matches)
+    own lines only (matches, from batch_matches)."""
+    return subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=cat", "--lines=%d" % LOG_LINES,
+                           "_SYSTEMD_INVOCATION_ID=" + invocation] + matches,
+                          stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode("utf-8", "replace")
 
 
 def run_hook():
     """In the hook's transient unit: add the failed batch's log, then become the hook."""
     environment = dict(os.environ)
     argv = json.loads(environment.pop("BATCHQ_HOOK"))
+    matches = json.loads(environment.pop("BATCHQ_LOG_MATCHES", "[]"))
     if environment.get("BATCHQ_EVENT") == "on-failure" and environment.get("BATCHQ_INVOCATION_ID"):
-        environment["BATCHQ_LOG"] = batch_log(environment["BATCHQ_INVOCATION_ID"])
+        environment["BATCHQ_LOG"] = batch_log(environment["BATCHQ_INVOCATION_ID"], matches)
     os.execve(argv[0], argv, environment)
 
 
@@ -180,10 +201,10 @@ def main(args):
         count = {"--metrics": 4, "--hooks": 3}[rest[0]]
         options[rest[0]], rest = rest[1:1 + count], rest[1 + count:]
     try:
-        times = _monotonic_times(unit)
+        times = _last_run(unit)
     except Exception as exc:  # pylint: disable=broad-except
         sys.stderr.write("batchq_after_run: times of %s unknown: %s\n" % (unit, exc))
-        times = (time.time(), time.time())
+        times = (time.time(), time.time(), [])
     for option, action in (("--metrics", write_metrics), ("--hooks", run_hooks)):
         if option in options:
             try:
