@@ -257,6 +257,22 @@ def systemd_glob_path(path):
     return systemd_path(re.sub(r"([\\*?\[])", r"\\\1", path))
 
 
+# ExecStartPre= of a consumer with environment files: systemd would fail a
+# run whose EnvironmentFile= is missing before any command (result
+# "resources"), ExecStopPost= included, so no metrics and no hook would tell
+# it. The files are optional to systemd ("-"), and this fails the run instead,
+# saying which file is missing, as root ("+": the sandbox may hide it).
+ENVIRONMENT_CHECK = ('for file; do [ -r "$file" ] && continue; '
+                     'echo "batchq: environment file $file is missing; this run fails" >&2; exit 1; done')
+
+
+def environment_check(paths):
+    """The ExecStartPre= command line that fails a run when one of paths is missing, or None."""
+    if not paths:
+        return None
+    return " ".join(systemd_quote(word) for word in ["/bin/sh", "-c", ENVIRONMENT_CHECK, "environment-check"] + list(paths))
+
+
 def _check_timespans(name, item):
     """Fail unless every time span is one systemd takes and the role can use."""
     spans = {}
@@ -431,6 +447,9 @@ def normalize_consumer(raw, defaults, prefix):
             _bare_path(name, "environment_file", item["environment_file"])),
         "secret_names": [key for key, value in _variables(name, "secret_environment", item["secret_environment"])],
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
+        "environment_check": environment_check(
+            ([item["environment_file"]] if item["environment_file"] else [])
+            + (["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])),
         "working_directory": item["working_directory"] and systemd_path(
             _working_directory(name, item["working_directory"])),
         "writable_paths": [systemd_word(_absolute_path(name, "writable_paths", path)) for path in item["writable_paths"]],

@@ -25,6 +25,28 @@ options:
     type: list
     elements: path
     default: []
+  unused:
+    description:
+      - Paths to remove after O(absent) and O(files) when no file in O(named_in) names them any more
+        (for the role: the drain runner, the after-run helpers and C(batchq.continue@.service), once the
+        last unit that uses them is gone, whatever its prefix). A folder goes with everything in it.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path.
+        type: path
+        required: true
+      named_by:
+        description: The strings a file that still uses O(unused[].path) holds; the path stays while one does.
+        type: list
+        elements: str
+        required: true
+  named_in:
+    description: The folder whose files (not its subfolders) O(unused) looks in, e.g. C(/etc/systemd/system).
+    type: path
+    default: /etc/systemd/system
   files:
     description: What to lay out, in this order, after O(absent).
     type: list
@@ -117,19 +139,26 @@ def _attributes_differ(path, entry):
             or (mode is not None and stat.S_IMODE(info.st_mode) != mode))
 
 
-def _set_attributes(path, entry):
+def _set_attributes(descriptor, entry):
+    """Owner and mode on an open file: never on a path, which a consumer that
+    can write the folder could have swapped for a link to any file."""
     uid, gid = _ids(entry)
     if uid != -1 or gid != -1:
-        os.chown(path, uid, gid)
+        os.fchown(descriptor, uid, gid)
     if entry.get("mode"):
-        os.chmod(path, int(entry["mode"], 8))
+        os.fchmod(descriptor, int(entry["mode"], 8))
+
+
+def _open_own(path, directory=False):
+    """path opened without following a link: it must be the file itself."""
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0))
 
 
 def _content(path):
     try:
-        with open(path, encoding="utf-8") as handle:
+        with os.fdopen(_open_own(path), encoding="utf-8") as handle:
             return handle.read()
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError, OSError):
         return None
 
 
@@ -168,7 +197,11 @@ def apply(entry):
             os.unlink(path)
         if not os.path.isdir(path):
             os.mkdir(path)
-        _set_attributes(path, entry)
+        descriptor = _open_own(path, directory=True)
+        try:
+            _set_attributes(descriptor, entry)
+        finally:
+            os.close(descriptor)
     else:
         if os.path.islink(path):
             os.unlink(path)
@@ -176,10 +209,27 @@ def apply(entry):
             handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".batchq.")
             with os.fdopen(handle, "w", encoding="utf-8") as output:
                 output.write(entry["content"])
-            # readable as asked before it is in place (mkstemp makes it 0600)
-            _set_attributes(temporary, dict(entry, mode=entry.get("mode") or "0644"))
+                # owner and mode as asked before it is in place (mkstemp makes it 0600)
+                _set_attributes(output.fileno(), dict(entry, mode=entry.get("mode") or "0644"))
             os.rename(temporary, path)
-        _set_attributes(path, entry)
+        else:  # the content is right, owner or mode not
+            descriptor = _open_own(path)
+            try:
+                _set_attributes(descriptor, entry)
+            finally:
+                os.close(descriptor)
+
+
+def unused_paths(entries, folder, gone=()):
+    """The paths of entries that no file of folder names, other than the path
+    itself and those in gone (removed, or to be in check mode)."""
+    texts = {}
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if path not in gone and os.path.isfile(path) and not os.path.islink(path):
+            texts[path] = _content(path) or ""
+    return [entry["path"] for entry in entries if os.path.lexists(entry["path"]) and not any(
+        needle in text for path, text in texts.items() if path != entry["path"] for needle in entry["named_by"])]
 
 
 def main():
@@ -196,6 +246,11 @@ def main():
                 "group": {"type": "str"},
                 "mode": {"type": "str"},
             }},
+            "unused": {"type": "list", "elements": "dict", "default": [], "options": {
+                "path": {"type": "path", "required": True},
+                "named_by": {"type": "list", "elements": "str", "required": True},
+            }},
+            "named_in": {"type": "path", "default": "/etc/systemd/system"},
         },
         supports_check_mode=True,
     )
@@ -211,6 +266,10 @@ def main():
                     apply(entry)
         except (OSError, KeyError) as exc:
             module.fail_json(msg="%s: %s" % (entry["path"], exc), changed_paths=changed)
+    for path in unused_paths(module.params["unused"], module.params["named_in"], set(module.params["absent"])):
+        changed.append(path)
+        if not module.check_mode:
+            apply({"path": path, "state": "absent"})
     module.exit_json(changed=bool(changed), changed_paths=changed)
 
 

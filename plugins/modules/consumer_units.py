@@ -136,6 +136,16 @@ stopped:
   type: list
   elements: str
   sample: []
+reloaded:
+  description:
+    - Unit files in O(units) that were already in place but that systemd had not loaded yet
+      (C(NeedDaemonReload=yes): an earlier C(daemon-reload) failed, or its connection dropped
+      after the files were moved in). They are reloaded, and a drain running under the old
+      definition ends after its batch in flight, as for RV(written).
+  returned: always
+  type: list
+  elements: str
+  sample: []
 ending:
   description:
     - Services whose running drain was asked to end after its batch in flight.
@@ -159,6 +169,7 @@ busy:
 """
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -202,6 +213,8 @@ def verify(module, units):
 
 
 def install(module, units, unit_dir):
+    """Write the units that differ and reload systemd if it does not run what
+    is on disk; returns the units written, those reloaded alone and the diffs."""
     written, diffs = [], []
     for name in sorted(units):
         path = os.path.join(unit_dir, name)
@@ -217,9 +230,28 @@ def install(module, units, unit_dir):
                 stream.write(units[name])
             os.chmod(temporary, 0o644)
             module.atomic_move(temporary, path)
-    if written and not module.check_mode:
+    # Identical files prove nothing: a reload that failed after they were
+    # moved in leaves systemd on the old definitions. Ask systemd.
+    stale = stale_units(module, [name for name in units if name not in written])
+    if (written or stale) and not module.check_mode:
         module.run_command([module.get_bin_path("systemctl", required=True), "daemon-reload"], check_rc=True)
-    return written, diffs
+    return written, stale, diffs
+
+
+def stale_units(module, names):
+    """The units among names (templates: their loaded instances) whose file
+    systemd has not loaded yet (NeedDaemonReload=yes), by their unit file name."""
+    if not names:
+        return []
+    patterns = {name.replace("@.", "@*."): name for name in names}
+    rc, out, err = module.run_command(
+        [module.get_bin_path("systemctl", required=True), "show", "--property=Id,NeedDaemonReload", "--"]
+        + sorted(patterns), environ_update=LANG_C, check_rc=True)
+    stale = set()
+    for unit, fields in parse_show(out).items():
+        if fields.get("NeedDaemonReload") == "yes":
+            stale.add(patterns.get(unit) or patterns.get(re.sub(r"@[^.]*\.", "@*.", unit), unit))
+    return sorted(stale)
 
 
 def finish_drains(module, patterns):
@@ -363,14 +395,15 @@ def main():
             module.fail_json(msg="%r is not a unit file name" % name)
     if units and module.params["verify"]:
         verify(module, units)
-    written, diffs = install(module, units, module.params["unit_dir"])
+    written, reloaded, diffs = install(module, units, module.params["unit_dir"])
     # A drain started under the old definition ends after its batch in flight;
     # the next batch runs under the new one (batchq.continue@.service).
-    rewritten = [name.replace("@.service", "@*.service") for name in written if name.endswith(".service")]
+    rewritten = [name.replace("@.service", "@*.service") for name in written + reloaded if name.endswith(".service")]
     started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"])
     ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
     ran, busy = run_idle(module, module.params["run"])
-    module.exit_json(changed=bool(written or started or stopped or ending or ran), written=written,
+    module.exit_json(changed=bool(written or reloaded or started or stopped or ending or ran), written=written,
+                     reloaded=reloaded,
                      started=started, stopped=stopped, ending=ending, ran=ran, busy=busy, diff=diffs)
 
 

@@ -70,3 +70,51 @@ def test_a_wrong_thing_in_the_way_is_replaced(tmp_path):
     run(entries(tmp_path))
     assert os.path.islink(tmp_path / "batchq-mail.prom")
     assert (tmp_path / "batchq-mail.paused.prom").read_text() == paused_text("mail", False)
+
+
+def test_root_never_follows_a_link_planted_in_a_folder_the_consumer_writes(tmp_path, monkeypatch):
+    """A drain's metrics folder is writable by the consumer: one that swaps the
+    new file for a link (between the rename and the chown, or before a run
+    that only fixes the mode) must not have root change the link's target."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    os.chmod(victim, 0o600)
+    path = tmp_path / "metrics.prom"
+    entry = {"path": str(path), "state": "file", "content": "x 1\n", "force": True, "src": None,
+             "owner": None, "group": None, "mode": "0644"}
+    rename = os.rename
+
+    def rename_then_plant(source, target):
+        rename(source, target)
+        os.unlink(target)
+        os.symlink(victim, target)  # the consumer wins the race
+
+    monkeypatch.setattr(os, "rename", rename_then_plant)
+    consumer_files.apply(entry)
+    assert stat.S_IMODE(os.stat(victim).st_mode) == 0o600, "root changed the mode of the link's target"
+    monkeypatch.setattr(os, "rename", rename)
+    # a planted link before a run whose content is right: replaced, never followed
+    os.unlink(path)
+    os.symlink(victim, path)
+    assert consumer_files.needs_change(entry)
+    consumer_files.apply(entry)
+    assert not os.path.islink(path) and path.read_text() == "x 1\n"
+    assert stat.S_IMODE(os.stat(victim).st_mode) == 0o600 and victim.read_text() == "root's own\n"
+
+
+def test_shared_helpers_go_once_no_unit_names_them(tmp_path):
+    units, helpers = tmp_path / "system", tmp_path / "lib"
+    units.mkdir()
+    helpers.mkdir()
+    (helpers / "batchq-drain").write_text("")
+    (units / "batchq.continue@.service").write_text("[Service]\n")
+    (units / "other-a.service").write_text("OnSuccess=batchq.continue@%N.service\nExecStart=/lib/batchq-drain 75\n")
+    (units / "batchq-b.service").write_text("OnSuccess=batchq.continue@%N.service\n")
+    entries = [{"path": str(units / "batchq.continue@.service"), "named_by": ["batchq.continue@"]},
+               {"path": str(helpers / "batchq-drain"), "named_by": ["/lib/batchq-drain"]}]
+    # a unit of another prefix still uses both
+    assert consumer_files.unused_paths(entries, str(units), {str(units / "batchq-b.service")}) == []
+    (units / "other-a.service").write_text("ExecStart=/bin/true\n")
+    # the continuation's own file does not keep it; a unit on its way out does not either
+    assert consumer_files.unused_paths(entries, str(units), {str(units / "batchq-b.service")}) == [
+        str(units / "batchq.continue@.service"), str(helpers / "batchq-drain")]

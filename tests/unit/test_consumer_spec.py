@@ -320,3 +320,12 @@ def test_hooks_reach_the_after_run_script_verbatim_and_their_programs_must_exist
         "60000000", ["/usr/local/bin/notify", "100% $HOME \"x\""], None)
     assert {"field": "on_failure", "path": "/usr/local/bin/notify"} in consumer["required_paths"]
     assert one()["hooks"] is None
+
+
+def test_a_run_fails_with_a_message_when_an_environment_file_is_gone():
+    consumer = normalize_consumers([{"name": "mail", "command": "/bin/true", "environment_file": "/etc/app [1]/%i.env",
+                                     "secret_environment": {"TOKEN": "t"}}])[0]
+    # optional to systemd ("-" in the template), checked by ExecStartPre=+ with every path verbatim
+    assert consumer["environment_check"].startswith('"/bin/sh" "-c" "for file; do [ -r \\"$$file\\" ]')
+    assert consumer["environment_check"].endswith('"environment-check" "/etc/app [1]/%%i.env" "/etc/batchq/mail.env"')
+    assert normalize_consumers([{"name": "mail", "command": "/bin/true"}])[0]["environment_check"] is None

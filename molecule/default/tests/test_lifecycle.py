@@ -97,6 +97,19 @@ def test_exclusive_removes_unlisted_consumers_only(hosts):
             assert show(host, PREFIX + name + ".timer", "UnitFileState")["UnitFileState"] == "enabled"
 
 
+def test_removing_the_last_consumer_leaves_no_helper_behind(hosts):
+    for host in hosts:
+        assert host.file("/usr/local/lib/batchq/batchq-drain").exists  # chatty drains
+    assert_deployed(deploy([], consumer_exclusive=True))
+    for host in hosts:
+        left = host.run("ls -d /usr/local/lib/batchq %s/batchq.continue@.service %s/batchq-* 2>/dev/null",
+                        UNIT_DIR, UNIT_DIR).stdout
+        assert left == "", left
+    assert_deployed(deploy(consumers(long={"state": "absent"})))  # back for the tests that follow
+    for host in hosts:
+        assert host.file("/usr/local/lib/batchq/batchq-drain").exists
+
+
 def test_check_mode_reports_but_changes_nothing(hosts):
     before = [host_state(host) for host in hosts]
     process = deploy(consumers(long={"state": "absent"}, fresh={"interval": "2h"}), check=True)

@@ -7,7 +7,7 @@ own records."""
 import json
 import time
 
-from testlib import consumer_spec, finished, journal, runs, wait_for
+from testlib import consumer_series, consumer_spec, finished, journal, runs, scrape, wait_for
 
 RECORD = "/var/log/batchq-hooks.jsonl"
 # systemd's "Main process exited" (consumer_runs.PROCESS_EXITED)
@@ -80,14 +80,13 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
     assert len(exit3) >= 0.8 * len(healthy), (len(exit3), len(healthy))
     assert all(r["status"] == 3 for r in finished(runs(host, "exit3")))
     every = span("exit3")
-    stopped = wait_for(lambda: [line for line in host.run(
+    # each wait fails the test when what it waits for never comes
+    wait_for(lambda: [line for line in host.run(
         "journalctl --no-pager -o cat -u 'batchq-exit3.on-failure.*' --since=@%s", str(int(since))).stdout.splitlines()
         if "Failed with result 'timeout'" in line], every + 30, "a hanging hook of exit3 to be stopped")
-    assert stopped
-    failed = wait_for(lambda: [line for line in host.run(
+    wait_for(lambda: [line for line in host.run(
         "journalctl --no-pager -o cat -u 'batchq-hang.on-failure.*'").stdout.splitlines()
         if "Failed with result 'exit-code'" in line], 30, "a failed hook of hang")
-    assert failed
     # hang times out every 3 s + 1 s interval, its hook failing each time: it goes on
     wait_for(lambda: [r for r in runs(host, "hang") if r["start"] > since][2:], 60,
              "three runs of hang%s" % journal(host, "hang"))
@@ -116,3 +115,26 @@ def test_the_first_failure_after_a_success_is_told_at_once_and_the_recovery_once
     assert healthy_again and all(r["status"] == 0 for r in healthy_again)
     # one notification for the whole episode (on_failure_every 1h), one recovery
     assert (len(hooks(host, "flaky")) - told, len(hooks(host, "flaky", "on-recovery")) - recovered) == (1, 1)
+
+
+def test_a_run_whose_environment_file_is_gone_is_counted_and_told(host):
+    """systemd fails such a run before any command, ExecStopPost= included
+    (result "resources"): the role makes the file optional to systemd and fails
+    the run in an ExecStartPre= that says which file is missing."""
+    told = len(hooks(host, "needs-env"))
+    since = time.time()
+    failures_before = dict(consumer_series(scrape(host), "needs-env", "runs_total"))
+    host.check_output("mv /etc/batchq-test/needs-env.env /etc/batchq-test/needs-env.env.away")
+    try:
+        note = wait_for(lambda: hooks(host, "needs-env")[told:], 60, "a notification about needs-env")[0]
+        assert (note["BATCHQ_RESULT"], note["BATCHQ_EXIT_CODE"], note["BATCHQ_EXIT_STATUS"]) == (
+            "exit-code", "exited", "1"), note
+        assert "environment file /etc/batchq-test/needs-env.env is missing" in note["BATCHQ_LOG"], note
+        wait_for(lambda: consumer_series(scrape(host), "needs-env", "runs_total").get(
+            ("batchq-needs-env.service", "exit-code"), 0) > failures_before.get(
+                ("batchq-needs-env.service", "exit-code"), 0), 30, "the failed runs of needs-env in its metrics")
+        # no run of the probe: it fails before the consumer's command
+        assert not [r for r in runs(host, "needs-env") if r["start"] > since], journal(host, "needs-env")
+    finally:
+        host.check_output("mv /etc/batchq-test/needs-env.env.away /etc/batchq-test/needs-env.env")
+    wait_for(lambda: hooks(host, "needs-env", "on-recovery"), 60, "the recovery of needs-env")

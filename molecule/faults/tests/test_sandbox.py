@@ -4,7 +4,7 @@ protection can be lifted alone, and secrets stay out of units and output."""
 import hashlib
 import re
 
-from testlib import consumer_spec, deploy, figure, finished, runs, scenario_vars, wait_for
+from testlib import consumer_spec, consumers, deploy, figure, finished, runs, wait_for
 
 SANDBOXED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit", "dormant", "long"]
 
@@ -22,7 +22,7 @@ def test_every_service_scores_at_most_2_and_runs_as_batchq(host):
 
 def test_typical_consumer_works_under_the_sandbox(host):
     run = wait_for(lambda: finished(runs(host, "typical")), 60, "a finished run of typical")[-1]
-    expected_token = scenario_vars()["consumer_list"][6]["secret_environment"]["APP_TOKEN"]
+    expected_token = consumer_spec("typical")["secret_environment"]["APP_TOKEN"]
     assert run["peer_answer"] == "pong", run  # a TCP connection to the other host
     assert run["token_sha256"] == hashlib.sha256(expected_token.encode()).hexdigest(), run
     assert host.file("/srv/batchq-out/out-%s" % run["invocation"]).user == "batchq"
@@ -45,9 +45,8 @@ def test_secrets_stay_out_of_units_logs_and_diffs(hosts):
         env_file = host.file("/etc/batchq/typical.env")
         assert (env_file.mode, env_file.user) == (0o600, "root")
         assert secret not in host.file("/etc/systemd/system/batchq-typical.service").content_string
-    changed = scenario_vars()["consumer_list"]
     new_secret = "n3w-s3cret-value"
-    changed[6]["secret_environment"] = {"APP_TOKEN": new_secret}
+    changed = consumers(typical={"secret_environment": {"APP_TOKEN": new_secret}})
     process = deploy(changed, verbose=True)
     assert process.returncode == 0, process.output
     assert new_secret not in process.output and secret not in process.output

@@ -1,0 +1,38 @@
+"""A deploy whose daemon-reload failed (or whose connection dropped after the
+unit files were moved into place) is finished by the next deploy: the role
+asks systemd whether it runs the files on disk (NeedDaemonReload=), not only
+whether the files changed."""
+
+from testlib import assert_deployed, consumers, deploy, show
+
+# Fails daemon-reload as a lost connection or a broken reload would; hands
+# every other call to the real systemctl.
+BROKEN_RELOAD = """cat >/usr/local/sbin/systemctl <<'EOF'
+#!/bin/sh
+[ "$1" = daemon-reload ] && { echo 'Failed to reload daemon: Connection timed out' >&2; exit 1; }
+exec /bin/systemctl "$@"
+EOF
+chmod 755 /usr/local/sbin/systemctl"""
+TAGGED = {"fresh": {"command": "/usr/local/bin/batchq-probe run --tag reloaded"}}
+
+
+def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
+    for host in hosts:
+        host.check_output(BROKEN_RELOAD)
+    try:
+        failed = deploy(consumers(**TAGGED))
+    finally:
+        for host in hosts:
+            host.check_output("rm -f /usr/local/sbin/systemctl")
+    assert failed.returncode != 0, failed.output
+    for host in hosts:
+        # the new file is in place, systemd still runs the old one
+        assert "--tag reloaded" in host.file("/etc/systemd/system/batchq-fresh.service").content_string
+        assert show(host, "batchq-fresh.service", "NeedDaemonReload")["NeedDaemonReload"] == "yes"
+    again = deploy(consumers(**TAGGED))
+    assert_deployed(again)
+    assert "changed=0" not in again.output, "the second deploy saw nothing to do"
+    for host in hosts:
+        state = show(host, "batchq-fresh.service", "NeedDaemonReload", "ExecStart")
+        assert state["NeedDaemonReload"] == "no" and "--tag reloaded" in state["ExecStart"], state
+    assert_deployed(deploy())  # back to the scenario's own definitions

@@ -1,0 +1,36 @@
+"""The hand-over of a drain asked to stop while work waits always happens:
+batchq.continue@ runs after every successful run of every drain, as often as
+they end, and is never refused by a start limit."""
+
+import pytest
+
+from test_drain import BACKLOG, MARGIN, batches, fill, idle, kick, left
+from testlib import journal, systemd_version, wait_for
+
+
+def test_a_hand_over_after_many_short_runs_goes_on_at_once(host):
+    if systemd_version(host) < 250:
+        pytest.skip("no OnSuccess= continuation below systemd 250 (test_drain covers what happens instead)")
+    unit, continuation = "batchq-quick.service", "batchq.continue@batchq-quick.service"
+    # a run on an empty queue ends at once with success, and its continuation
+    # runs each time: twelve within seconds, over systemd's default limit of 5 in 10s
+    fill(host, "quick", 0)
+    for _ in range(12):
+        host.check_output("systemctl start %s", unit)
+    before = len(batches(host, "quick"))
+    fill(host, "quick", 30)
+    kick(host, unit)
+    wait_for(lambda: len(batches(host, "quick")) >= before + 2, 30, "two batches of quick")
+    # what a deploy does to a drain whose unit changed (consumer_units)
+    host.check_output("systemctl kill --kill-who=main --signal=USR1 %s", unit)
+    wait_for(lambda: left(host, "quick") == 0 and idle(host, unit), 60,
+             "quick to go on at once and drain the rest (its interval is 1h)")
+    drained = batches(host, "quick")[before:]
+    runs = sorted({b["invocation"] for b in drained}, key=[b["invocation"] for b in drained].index)
+    assert len(runs) == 2, "the drain did not hand over to a second run%s" % journal(host, "quick")
+    first = [b for b in drained if b["invocation"] == runs[0]]
+    second = [b for b in drained if b["invocation"] == runs[1]]
+    assert first[-1]["status"] == BACKLOG and "end" in first[-1], "the batch in flight was cut short"
+    assert second[0]["start"] - first[-1]["end"] < 2.0 + MARGIN, journal(host, "quick")
+    refused = host.run("journalctl --no-pager -o cat -u %s", continuation).stdout
+    assert "too quickly" not in refused, refused
