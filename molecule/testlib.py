@@ -234,8 +234,8 @@ def memory_kill_result(host):
     """The Result systemd gives a batch killed for memory_max on this host.
 
     systemd learns of an OOM kill from the unified hierarchy's memory.events;
-    where the memory controller sits in a v1 hierarchy (v1 or hybrid setup,
-    SYSTEMD_FACTS §6, §16) it only sees the SIGKILL.
+    where the memory controller sits in a v1 hierarchy (v1 or hybrid setup)
+    it only sees the SIGKILL.
     """
     if host.check_output("stat -fc %T /sys/fs/cgroup") == "cgroup2fs":
         return "oom-kill"  # pure v2: the memory controller can only be there

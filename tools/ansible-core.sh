@@ -8,7 +8,7 @@
 # venv, tarball and installed collection in .cache/ansible-core-RELEASE, molecule
 # state and container names (BATCHQ_HOST_PREFIX-RELEASE-...), so two releases
 # can run at once. This machine's Python is 3.11; ansible-core 2.20 and later
-# need 3.12+ (SYSTEMD_FACTS.md §23), so they run in the Debian 13 controller
+# need 3.12+, so they run in the Debian 13 controller
 # container (python3.13; `make controller-image`) with this work tree at the
 # same path and the docker socket, after the images are built here.
 set -euo pipefail

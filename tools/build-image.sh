@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a systemd-ready Debian image from Debian's own packages, because no
-# container registry is reachable from here (SYSTEMD_FACTS.md §17).
+# container registry is reachable from here.
 # Usage: tools/build-image.sh SUITE [TAG [EXTRA_PACKAGES]]
 #   e.g. tools/build-image.sh trixie
 #        tools/build-image.sh bookworm batchq/postgresql:bookworm postgresql
@@ -37,7 +37,7 @@ esac
 [ -z "$extra" ] || packages+=,$extra
 
 # An older debootstrap has no script for a newer suite (Debian 12's knows no
-# forky); testing is bootstrapped like sid (SYSTEMD_FACTS.md §24).
+# forky); testing is bootstrapped like sid.
 script=/usr/share/debootstrap/scripts/$suite
 [ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid
 

@@ -19,7 +19,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec imp
 
 __metaclass__ = type
 
-# Manager messages about a run (systemd's catalog; SYSTEMD_FACTS.md §14).
+# Manager messages about a run (systemd's catalog, catalog/systemd.catalog.in; sd-messages.h).
 JOB_STARTED = "7d4958e842da4a758f6c1cdc7b36dcc5"
 JOB_DONE = "39f53479d3a045ac8e11786248231fbf"
 JOB_FAILED = "be02cf6855d2428ba40df7e9d022f03d"

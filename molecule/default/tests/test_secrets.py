@@ -8,7 +8,7 @@ from testlib import PREFIX, assert_deployed, consumers, deploy, finished, journa
 
 NAME = "secretive"
 SECRET_FILE = "/etc/batchq/%s.env" % NAME
-# systemd's catalog id of "unit failed" (SYSTEMD_FACTS.md §14)
+# systemd's catalog id of "unit failed" (catalog/systemd.catalog.in)
 UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 
 

@@ -18,7 +18,7 @@ def test_first_run_follows_start_delay(host):
 
 
 def test_a_deploy_or_reload_does_not_run_unchanged_consumers_again(hosts):
-    """systemd re-arms OnActiveSec= on every daemon-reload (SYSTEMD_FACTS §8):
+    """systemd re-arms OnActiveSec= on every daemon-reload:
     the timers have none, so a deploy that changes another consumer, and a
     reload by anyone, leave a consumer that has just run waiting its interval."""
     for host in hosts:

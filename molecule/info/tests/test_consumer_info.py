@@ -74,7 +74,7 @@ def test_expected_results_of_each_fault(host, driven):
     assert (consumers["exit3"]["last_run"]["result"], consumers["exit3"]["last_run"]["exit_status"]) == ("exit-code", 3)
     assert (consumers["killed"]["last_run"]["result"], consumers["killed"]["last_run"]["exit_status"]) == ("signal", "KILL")
     assert consumers["hung"]["last_run"]["result"] == "timeout"
-    # cgroup v1 reports a memory kill as a signal, v2 as oom-kill (SYSTEMD_FACTS §6): this host's
+    # cgroup v1 reports a memory kill as a signal, v2 as oom-kill: this host's
     assert consumers["hog"]["last_run"]["result"] == memory_kill_result(host), consumers["hog"]
 
 
