@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts a container with systemd as PID 1 and waits until it has booted.
 # Usage: tools/systemd-container.sh NAME IMAGE
-# Without --privileged, which this kind of machine refuses (SYSTEMD_FACTS.md
-# §16); the molecule platforms in .config/molecule/config.yml use the same options.
+# Without --privileged, which this kind of machine refuses; the molecule
+# platforms in .config/molecule/config.yml use the same options.
 set -euo pipefail
 name=${1:?usage: tools/systemd-container.sh NAME IMAGE}
 image=${2:?usage: tools/systemd-container.sh NAME IMAGE}
