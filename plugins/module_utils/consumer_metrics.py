@@ -31,10 +31,11 @@ def paused_text(name, paused):
 def metrics_files(consumers, folder, prefix, enabled=True, paused=None, only_paused=False):
     """The entries of the consumer_files module for consumers (the role's
     normalised ones: name, user, group, state): what metrics need, or with
-    enabled false what must go. paused overrides each consumer's own state
+    enabled false what must go (then names will do: a removed consumer's). paused overrides each consumer's own state
     (consumer_control.yml); only_paused leaves out all but the paused files."""
     entries = []
     for consumer in consumers:
+        consumer = consumer if isinstance(consumer, dict) else {"name": consumer}
         stem = "%s/%s%s" % (folder, prefix, consumer["name"])
         is_paused = consumer.get("state") == "paused" if paused is None else bool(paused)
         paused_file = {"path": stem + ".paused.prom", "state": "file", "mode": "0644",

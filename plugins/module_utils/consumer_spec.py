@@ -441,6 +441,8 @@ def normalize_consumer(raw, defaults, prefix):
         "service_unit": service,
         "timer_unit": timer,
         "timers": [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)],
+        # the services those timers start, one per instance
+        "services": [service] if instances == 1 else ["%s@%d.service" % (unit, i) for i in range(1, instances + 1)],
         "exec_start": None if argv is None else " ".join(systemd_quote(word) for word in argv),
         "environment": [systemd_environment(*pair) for pair in _variables(name, "environment", item["environment"])],
         "environment_file": item["environment_file"] and systemd_glob_path(

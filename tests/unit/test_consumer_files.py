@@ -118,3 +118,11 @@ def test_shared_helpers_go_once_no_unit_names_them(tmp_path):
     # the continuation's own file does not keep it; a unit on its way out does not either
     assert consumer_files.unused_paths(entries, str(units), {str(units / "batchq-b.service")}) == [
         str(units / "batchq.continue@.service"), str(helpers / "batchq-drain")]
+
+
+def test_a_removed_consumer_is_named_and_its_metrics_go(tmp_path):
+    run(entries(tmp_path))
+    gone = metrics_files(["mail"], str(tmp_path), "batchq-", enabled=False)
+    assert sorted(os.path.relpath(path, tmp_path) for path in run(gone)) == [
+        "batchq-mail.d", "batchq-mail.paused.prom", "batchq-mail.prom"]
+    assert sorted(os.listdir(tmp_path)) == ["batchq-sync.d", "batchq-sync.paused.prom", "batchq-sync.prom"]

@@ -55,6 +55,7 @@ def test_defaults_of_a_minimal_consumer():
         "stop_timeout": "30s", "on_failure_every": "15min"}
     assert (consumer["service_unit"], consumer["timer_unit"]) == ("batchq-thumbs.service", "batchq-thumbs.timer")
     assert consumer["timers"] == ["batchq-thumbs.timer"]
+    assert consumer["services"] == ["batchq-thumbs.service"]
     assert (consumer["user"], consumer["group"], consumer["hardening"]) == ("batchq", "batchq", True)
     assert consumer["exec_start"] == '"/usr/bin/process_queue" "--limit" "100"'
 
@@ -63,6 +64,7 @@ def test_instances_make_template_units_and_one_timer_each():
     consumer = one(instances=3)
     assert [consumer["service_unit"], consumer["timer_unit"]] == ["batchq-thumbs@.service", "batchq-thumbs@.timer"]
     assert consumer["timers"] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer", "batchq-thumbs@3.timer"]
+    assert consumer["services"] == ["batchq-thumbs@1.service", "batchq-thumbs@2.service", "batchq-thumbs@3.service"]
 
 
 def test_defaults_lie_under_items_and_prefix_names_units():
