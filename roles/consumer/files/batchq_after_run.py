@@ -96,7 +96,8 @@ def _last_run(unit):
     now_mono, now = time.monotonic(), time.time()
     ended = usec["ExecMainExitTimestampMonotonic"]
     end = now if ended < started else now - (now_mono - ended / 1e6)
-    ran = ended >= started and usec["ExecMainStartTimestampMonotonic"] >= activated
+    # (systemd stamps the exec start a moment before the activation's own start)
+    ran = ended >= activated
     matches = batch_matches(fields.get("ExecStart", ""), fields.get("ExecMainPID", ""),
                             fields.get("StatusText", "")) if ran else []
     return (now - (now_mono - started / 1e6) if started else end), end, matches
