@@ -263,6 +263,12 @@ def test_a_prefix_with_a_trailing_newline_is_refused():
         normalize_consumers([GOOD], {}, "batchq-\n")
 
 
+def test_journal_rate_limits_can_be_set_per_consumer():
+    """systemd 240+ (every supported Debian) takes them in [Service]."""
+    consumer = one(service_options={"LogRateLimitIntervalSec": "30s", "LogRateLimitBurst": 10000})
+    assert consumer["service_options"] == [("LogRateLimitBurst", "10000"), ("LogRateLimitIntervalSec", "30s")]
+
+
 def test_stop_timeout_may_be_infinity_when_written_so():
     assert one(stop_timeout="infinity")["spans"]["stop_timeout"] == "infinity"
     assert one(stop_timeout="5s")["spans"]["stop_timeout"] == "5s"
