@@ -80,12 +80,19 @@ MAX_INSTANCES = 64
 # (systemd could not set the run up). 75 (EX_TEMPFAIL) is the usual choice.
 BACKLOG_CODES = (3, 125)
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
-ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-OPTION_KEY_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
-MEMORY_RE = re.compile(r"^(?:infinity|[0-9]+(?:\.[0-9]+)?[KMGT]?|[0-9]+(?:\.[0-9]+)?%)$")
-CPU_QUOTA_RE = re.compile(r"^[0-9]+(?:\.[0-9]+)?%$")
+# Used with fullmatch() only: re.match() with "$" also takes a trailing newline,
+# which would end up in a unit name or split a unit file line.
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
+ACCOUNT_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+OPTION_KEY_RE = re.compile(r"[A-Z][A-Za-z0-9]*")
+MEMORY_RE = re.compile(r"infinity|[0-9]+(?:\.[0-9]+)?[KMGT]?|[0-9]+(?:\.[0-9]+)?%")
+CPU_QUOTA_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?%")
+PREFIX_RE = re.compile(r"[a-z0-9][a-z0-9_-]*-")
+# C0 controls and DEL: a newline (or CR, NUL) ends a unit file line, others
+# change what systemd reads (a tab is white space to it) or garble logs.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_PROBLEM = "must not contain a newline or any other control character"
 
 # systemd's time units (time-util.c), longest first so "ms" wins over "m".
 _TIME_UNITS = {
@@ -122,7 +129,10 @@ def parse_timespan(text):
     """
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise ValueError("must be a time span string such as '30s' or '5min'")
-    text = str(text).strip()
+    text = str(text)
+    if CONTROL_RE.search(text):
+        raise ValueError("%s, got %r" % (CONTROL_PROBLEM, text))
+    text = text.strip()
     if text == "infinity":
         return float("inf")
     if not text:
@@ -153,7 +163,7 @@ def _as_bool(consumer, field, value):
 
 
 def _as_int(consumer, field, value, low, high):
-    if isinstance(value, bool) or not re.match(r"^-?[0-9]+$", str(value).strip()):
+    if isinstance(value, bool) or not re.fullmatch(r"-?[0-9]+", str(value).strip()):
         _fail(consumer, field, "must be a whole number, got %r" % (value,))
     number = int(str(value).strip())
     if not low <= number <= high:
@@ -163,8 +173,10 @@ def _as_int(consumer, field, value, low, high):
 
 def _single_line(consumer, field, value):
     text = str(value)
-    if "\n" in text or "\r" in text or "\0" in text:
-        _fail(consumer, field, "must not contain a newline or NUL byte")
+    control = CONTROL_RE.search(text)
+    if control:
+        # the character only: the value may be a secret
+        _fail(consumer, field, "%s, found %r" % (CONTROL_PROBLEM, control.group()))
     return text
 
 
@@ -298,7 +310,7 @@ def _variables(name, field, variables):
         _fail(name, field, "must be a dict of NAME: value")
     pairs = []
     for key in sorted(variables):
-        if not ENV_KEY_RE.match(str(key)):
+        if not ENV_KEY_RE.fullmatch(str(key)):
             _fail(name, field, "%r is not a valid variable name" % (key,))
         value = variables[key]
         if isinstance(value, (dict, list)) or value is None:
@@ -355,7 +367,7 @@ def _raw_options(name, field, options):
         _fail(name, field, "must be a dict of systemd Setting: value")
     result = []
     for key in sorted(options):
-        if not OPTION_KEY_RE.match(str(key)):
+        if not OPTION_KEY_RE.fullmatch(str(key)):
             _fail(name, field, "%r is not a systemd setting name" % (key,))
         values = options[key] if isinstance(options[key], list) else [options[key]]
         for value in values:
@@ -373,11 +385,11 @@ def _raw_options(name, field, options):
 def _resources(name, item):
     limits = {}
     if item["memory_max"] is not None:
-        if not MEMORY_RE.match(str(item["memory_max"])):
+        if not MEMORY_RE.fullmatch(str(item["memory_max"])):
             _fail(name, "memory_max", "must be bytes with an optional K, M, G or T suffix, a percentage or 'infinity', got %r" % (item["memory_max"],))
         limits["MemoryMax"] = str(item["memory_max"])
     if item["cpu_quota"] is not None:
-        if not CPU_QUOTA_RE.match(str(item["cpu_quota"])):
+        if not CPU_QUOTA_RE.fullmatch(str(item["cpu_quota"])):
             _fail(name, "cpu_quota", "must be a percentage such as '50%%', got %r" % (item["cpu_quota"],))
         limits["CPUQuota"] = str(item["cpu_quota"])
     if item["tasks_max"] is not None:
@@ -395,7 +407,7 @@ def normalize_consumer(raw, defaults, prefix):
     if not isinstance(raw, dict):
         raise ConsumerSpecError("consumer_list: every item must be a dict, got %r" % (raw,))
     name = raw.get("name")
-    if name is None or not NAME_RE.match(str(name)):
+    if name is None or not NAME_RE.fullmatch(str(name)):
         raise ConsumerSpecError(
             "consumer %r: field 'name': must be 1-48 lowercase letters, digits, '-' or '_',"
             " starting with a letter or digit" % (name,))
@@ -411,7 +423,7 @@ def normalize_consumer(raw, defaults, prefix):
     instances = _as_int(name, "instances", item["instances"], 1, MAX_INSTANCES)
     hardening = _as_bool(name, "hardening", item["hardening"])
     for field in ("user", "group"):
-        if not ACCOUNT_RE.match(str(item[field])):
+        if not ACCOUNT_RE.fullmatch(str(item[field])):
             _fail(name, field, "%r is not a valid account name" % (item[field],))
     if hardening and "root" in (item["user"], item["group"]) and not _as_bool(name, "allow_root", item["allow_root"]):
         _fail(name, "user", "root with hardening on needs allow_root: true")
@@ -486,7 +498,7 @@ def normalize_consumers(consumers, defaults=None, prefix="batchq-"):
         raise ConsumerSpecError("consumer_defaults must be a dict")
     if "name" in defaults:
         raise ConsumerSpecError("consumer_defaults: field 'name' cannot have a default")
-    if not re.match(r"^[a-z0-9][a-z0-9_-]*-$", str(prefix)):
+    if not PREFIX_RE.fullmatch(str(prefix)):
         raise ConsumerSpecError("consumer_unit_prefix %r must be lowercase letters, digits, '_' or '-' and end in '-'" % (prefix,))
     normalized, seen = [], set()
     for raw in consumers:

@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 import shlex
 
 import pytest
@@ -218,6 +219,56 @@ def test_bad_consumers_name_consumer_and_field(fields, words):
         normalize_consumers([dict(GOOD, **fields)])
     for word in words:
         assert word in str(error.value)
+
+
+# A trailing newline, or any control character, would reach a unit name or end a
+# unit file line early: each is refused on the controller, naming consumer and field.
+# (the consumer's fields, the field the message must name)
+CONTROL = [
+    ({"user": "batchq\n"}, "user"),
+    ({"group": "batchq\n"}, "group"),
+    ({"service_options": {"Nice\n": 5}}, "service_options"),
+    ({"timer_options": {"Persistent\n": True}}, "timer_options"),
+    ({"service_options": {"Nice": "5\t"}}, "service_options"),
+    ({"memory_max": "512M\n"}, "memory_max"),
+    ({"cpu_quota": "50%\n"}, "cpu_quota"),
+    ({"tasks_max": "infinity\n"}, "tasks_max"),
+    ({"environment": {"A\n": "x"}}, "environment"),
+    ({"environment": {"A": "x\x1b[31m"}}, "environment"),
+    ({"secret_environment": {"A\n": "x"}}, "secret_environment"),
+    ({"command": ["/bin/echo", "a\tb"]}, "command"),
+    ({"on_failure": ["/bin/notify", "\x07"]}, "on_failure"),
+    ({"working_directory": "/srv/a\tb"}, "working_directory"),
+    ({"environment_file": "/etc/a\x7f.env"}, "environment_file"),
+    ({"writable_paths": ["/srv/a\x0bb"]}, "writable_paths"),
+] + [({field: "5s\n3s"}, field) for field in ("interval", "start_delay", "accuracy", "jitter", "timeout",
+                                              "stop_timeout", "on_failure_every")] + [
+    ({"timeout": "5s\t"}, "timeout"),
+]
+
+
+@pytest.mark.parametrize("fields, field", CONTROL, ids=[repr(case[0]) for case in CONTROL])
+def test_control_characters_are_refused_naming_consumer_and_field(fields, field):
+    with pytest.raises(ConsumerSpecError) as error:
+        normalize_consumers([dict(GOOD, **fields)])
+    assert "consumer 'thumbs': field %r: " % field in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["thumbs\n", "thumbs\t", "thu\x7fmbs"])
+def test_control_characters_in_the_name_are_refused(name):
+    with pytest.raises(ConsumerSpecError, match=r"^consumer %s: field 'name': " % re.escape(repr(name))):
+        normalize_consumers([dict(GOOD, name=name)])
+
+
+def test_a_prefix_with_a_trailing_newline_is_refused():
+    with pytest.raises(ConsumerSpecError, match="consumer_unit_prefix"):
+        normalize_consumers([GOOD], {}, "batchq-\n")
+
+
+def test_journal_rate_limits_can_be_set_per_consumer():
+    """systemd 240+ (every supported Debian) takes them in [Service]."""
+    consumer = one(service_options={"LogRateLimitIntervalSec": "30s", "LogRateLimitBurst": 10000})
+    assert consumer["service_options"] == [("LogRateLimitBurst", "10000"), ("LogRateLimitIntervalSec", "30s")]
 
 
 def test_stop_timeout_may_be_infinity_when_written_so():

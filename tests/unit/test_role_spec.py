@@ -3,6 +3,7 @@
 import pathlib
 import re
 
+import pytest
 import yaml
 
 ROLE = pathlib.Path(__file__).parents[2] / "roles" / "consumer"
@@ -46,3 +47,20 @@ def test_the_runner_writes_the_record_consumer_info_reads():
 
     runner = (ROLE / "files" / "batchq-drain").read_text()
     assert 'BATCH_END = "%s"' % names.BATCH_END in runner
+
+
+@pytest.mark.parametrize("folder, valid", [
+    ("/var/lib/prometheus/node-exporter", True), ("/var/lib/node-exporter\n", False), ("/var/lib/x\ty", False),
+    ("/var/lib/../x", False), ("var/lib", False),
+])
+def test_the_metrics_folder_check_takes_only_what_a_unit_line_can_hold(folder, valid):
+    """consumer_metrics_dir goes into unit file lines as it is: a trailing newline must not pass."""
+    import jinja2
+    from ansible.plugins.test.core import TestModule
+
+    environment = jinja2.Environment()
+    environment.tests.update(TestModule().tests())
+    tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
+    check = next(task for task in tasks if task.get("name") == "Check the metrics folder")
+    conditions = check["ansible.builtin.assert"]["that"]
+    assert all(environment.compile_expression(c)(consumer_metrics_dir=folder) for c in conditions) is valid
