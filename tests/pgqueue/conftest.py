@@ -48,7 +48,6 @@ def database_setup():
     return task["ansible.builtin.command"]["stdin"]
 
 
-
 def docker(*argv, check=True, timeout=120, **kwargs):
     return subprocess.run(["docker", *argv], check=check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, **kwargs)

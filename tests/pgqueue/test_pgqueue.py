@@ -70,8 +70,8 @@ def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
     got = states(queue)
     assert 1 <= got.get("done", 0) < 10 and got.get("done", 0) + got.get("queued", 0) == 10, got
     end = client.records("/tmp/" + queue)[-1]
-    assert (end["event"], end["outcome"], end["done"], end["left"]) == ("end", "committed", got["done"],
-                                                                         got["queued"]), end
+    wanted = ("end", "committed", got["done"], got["queued"])
+    assert (end["event"], end["outcome"], end["done"], end["left"]) == wanted, end
 
 
 def wait_claimed(client, queue):
