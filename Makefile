@@ -23,7 +23,7 @@ export ANSIBLE_FORCE_COLOR := false
 export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
 
-.PHONY: test matrix demo demo-down lint sanity unit rules molecule images controller-image engine collection clean
+.PHONY: test matrix demo demo-down lint sanity unit pgqueue rules molecule images controller-image engine collection clean
 
 # lint and the alert rules once; unit, sanity and molecule under every supported ansible-core (tools/matrix.sh).
 test: lint rules matrix
@@ -80,6 +80,11 @@ sanity: $(VENV)/.installed
 
 unit: collection
 	PYTHONPATH=$(CACHE)/collections pytest tests/unit
+
+# The PostgreSQL example's programs against a real server (Debian 12's, in a
+# container of the fleet's image; clients with psycopg2 and psycopg 3), no systemd.
+pgqueue: $(VENV)/.installed images
+	pytest tests/pgqueue
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
 rules:

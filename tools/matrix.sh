@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test matrix of `make test` (tools/ansible-core.sh for each part):
 # unit tests and ansible-test sanity under the oldest and the newest
-# ansible-core; every scenario on all its hosts (Debian 11, 12, 13, and
-# testing in `default`) under the newest; the `default` scenario under each
+# ansible-core; the PostgreSQL example's tests (tests/pgqueue) once; every
+# scenario on all its hosts (Debian 11, 12, 13, and testing in `default`)
+# under the newest; the `default` scenario under each
 # other release on one host, a different Debian for each, inside that
 # release's target Pythons (README: Support). Two lanes run side by side, each
 # part after part: the newest's scenarios (heavy: three to five hosts each)
@@ -25,6 +26,7 @@ heavy=(
 light=(
   "$oldest unit sanity"
   "$newest unit sanity"
+  "$oldest pgqueue"
   "$oldest molecule SCENARIOS=default PLATFORM=debian11"
   "2.18 molecule SCENARIOS=default PLATFORM=debian12"
   "2.19 molecule SCENARIOS=default PLATFORM=debian13"

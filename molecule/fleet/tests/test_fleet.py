@@ -7,7 +7,8 @@ environment, and the fleet is paused, resumed and kicked with
 consumer_control.yml. Judged from the database and from the records each
 consumer keeps of its own batches (batches.jsonl in its state directory).
 
-The tests run in file order: the first drives the drain, the others judge it.
+The tests run in file order: the first drives the drain, the others judge it;
+the last ones add jobs of their own once the drain is judged.
 """
 
 import json
@@ -18,7 +19,7 @@ import testinfra
 import yaml
 from testinfra.utils.ansible_runner import AnsibleRunner
 
-from testlib import INVENTORY, SCENARIO_DIR, deploy, figure, scenario_vars, wait_for
+from testlib import INVENTORY, SCENARIO_DIR, consumer_series, deploy, figure, scenario_vars, scrape, show, wait_for
 
 JOBS = 20000
 FAILING = 5  # the last jobs fail every attempt
@@ -29,6 +30,8 @@ RUNNER = AnsibleRunner(INVENTORY)
 WORKERS = sorted(RUNNER.get_hosts("consumers"))
 DATABASE = RUNNER.get_hosts("queue_db")[0]
 KILLED, CUT = WORKERS[0], WORKERS[1]
+# Debian 11's worker: psycopg2 only
+DEBIAN11 = next(name for name in WORKERS if name.endswith("-debian11"))
 # What the drain saw, for the tests that judge it.
 FLEET = {}
 
@@ -48,7 +51,8 @@ def jobs_by_state():
 
 def batches(name):
     """A worker's batches from its consumers' records: {batch: {claimed, ids, ended, outcome}}."""
-    out = host(name).check_output("cat /var/lib/batchq/pgqueue/batches.jsonl 2>/dev/null || true")
+    # the older records first, once the file grew past --records-bytes
+    out = host(name).check_output("cd /var/lib/batchq/pgqueue && cat batches.jsonl.1 batches.jsonl 2>/dev/null || true")
     found = {}
     for line in out.splitlines():
         record = json.loads(line)
@@ -56,7 +60,8 @@ def batches(name):
         if record["event"] == "claim":
             batch.update(claimed=record["time"], ids=record["ids"])
         else:
-            batch.update(ended=record["time"], outcome=record["outcome"])
+            batch.update(ended=record["time"], outcome=record["outcome"], done=record.get("done"),
+                         left=record.get("left"))
     return found
 
 
@@ -112,11 +117,17 @@ def test_bad_input_fails_before_any_host_changes():
     assert {name: timers_active(name) for name in WORKERS} == before
 
 
-def test_the_fleet_drains_through_faults():
+def enqueue_tool(name, *args):
+    """batchq-pgqueue-enqueue on a worker, connected as its consumers are; (exit status, output)."""
     password = yaml.safe_load((SCENARIO_DIR / "group_vars" / "all.yml").read_text())["pgqueue_password"]
-    host(WORKERS[-1]).check_output(
-        "env PGHOST=%s PGDATABASE=batchq PGUSER=batchq PGPASSWORD=%s batchq-pgqueue-enqueue %s --failing %s",
-        DATABASE, password, str(JOBS), str(FAILING))
+    done = host(name).run("env PGHOST=%s PGDATABASE=batchq PGUSER=batchq PGPASSWORD=%s batchq-pgqueue-enqueue"
+                          + " %s" * len(args) + " 2>&1", DATABASE, password, *args)
+    return done.rc, done.stdout
+
+
+def test_the_fleet_drains_through_faults():
+    code, output = enqueue_tool(WORKERS[-1], str(JOBS), "--failing", str(FAILING))
+    assert code == 0, output
     FLEET["start"] = time.time()
     # Kick the drain: the consumers would poll the queue 2 s after their last batch.
     code, output = control("run")
@@ -247,3 +258,38 @@ def test_an_instance_never_runs_two_batches_at_once():
             for earlier, later in zip(runs, runs[1:]):
                 assert later["claimed"] >= earlier["ended"], "%s on %s: %s overlaps %s" % (
                     instance, name, earlier, later)
+
+
+def test_the_enqueue_tool_reports_the_queue_on_every_worker():
+    # psycopg2 on Debian 11, psycopg 3 on the others
+    for name in WORKERS:
+        code, output = enqueue_tool(name, "--stats")
+        assert code == 0, (name, output)
+        assert json.loads(output)["states"] == jobs_by_state(), (name, output)
+
+
+def test_a_batch_stopped_by_systemd_commits_and_succeeds():
+    # A stop (a shutdown, a removal) in the middle of a drain's batch: the
+    # consumers are paused, so nothing else takes the jobs, nor goes on after.
+    name, unit = WORKERS[-1], "batchq-pgqueue@1.service"
+    code, output = enqueue_tool(DEBIAN11, "1000")
+    assert code == 0, output
+    before = dict(consumer_series(scrape(host(name)), "pgqueue", "runs_total"))
+    host(name).check_output("systemctl start --no-block %s", unit)
+    batch = wait_for(lambda: in_flight(name), 60, "a batch in flight on %s" % name, interval=0.1)[0]
+    host(name).check_output("systemctl stop %s", unit)
+    state = show(host(name), unit, "Result", "ExecMainCode", "ExecMainStatus", "ActiveState")
+    assert state == {"Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0", "ActiveState": "inactive"}, state
+    # the run's batches, the last of them cut short
+    run = batch["batch"].rsplit("#", 1)[0] + "#"
+    ours = sorted((b for b in batches(name).values() if b["batch"].startswith(run)), key=lambda b: b["claimed"])
+    assert [b.get("outcome") for b in ours] == ["committed"] * (len(ours) - 1) + ["terminated"], ours
+    assert sql("SELECT count(*) FROM batchq_jobs WHERE done_by = '%s'" % ours[-1]["batch"]) == str(ours[-1]["done"])
+    # what they say they did is all that left the queue: the rest is queued again
+    done = sum(b["done"] for b in ours)
+    assert jobs_by_state() == {"done": JOBS - FAILING + done, "dead": FAILING, "queued": 1000 - done}, ours
+    # the runner's metrics: a batch cut short by a stop is no failure
+    after = consumer_series(scrape(host(name)), "pgqueue", "runs_total")
+    grown = {key: value - before.get(key, 0) for key, value in after.items() if value != before.get(key, 0)}
+    assert set(grown) <= {(unit, "backlog")} and grown, grown
+    assert consumer_series(scrape(host(name)), "pgqueue", "last_run_success")[unit] == 1
