@@ -233,6 +233,7 @@ consumers:
 """
 
 import glob
+import json
 import os
 import pwd
 import time
@@ -328,12 +329,15 @@ class Host:
             return {run["invocation_id"]: [] for run in runs}
         since = min(datetime.fromisoformat((run["started"] or run["finished"]).replace("Z", "+00:00")).timestamp()
                     for run in runs)
-        batch = batch or []
-        limit = lines * len(runs)
+        limit = lines * len(runs) + (1 if batch else 0)  # a batch's lines, then its end record
         out = self.run([
-            self.journalctl, "--no-pager", "--output=json", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID",
+            self.journalctl, "--no-pager", "--output=json",
+            "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID,SYSLOG_IDENTIFIER",
             "--lines=%d" % limit, "--since=@%d" % (int(since) - 1)]
-            + ["_SYSTEMD_INVOCATION_ID=" + run["invocation_id"] for run in runs] + batch)
+            + ["_SYSTEMD_INVOCATION_ID=" + run["invocation_id"] for run in runs] + (batch or []))
+        if batch:  # the runner's own records (its end record) are not the batch's lines
+            out = "\n".join(line for line in out.splitlines()
+                            if line.strip() and json.loads(line).get("SYSLOG_IDENTIFIER") != RUNNER_IDENTIFIER)
         complete = len(out.splitlines()) < limit
         groups = group_journal(out, "_SYSTEMD_INVOCATION_ID")
         return {run["invocation_id"]: parse_journal_lines("\n".join(groups.get(run["invocation_id"], [])[-lines:]))
@@ -351,6 +355,10 @@ class Host:
             self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=1",
             "--output-fields=" + ",".join(BATCH_FIELDS), "MESSAGE_ID=" + BATCH_END,
             "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"], "_PID=%d" % runner]))
+
+
+# SYSLOG_IDENTIFIER of batchq-drain's own records
+RUNNER_IDENTIFIER = "batchq-drain"
 
 
 def last_batch(host, service, run):

@@ -106,8 +106,13 @@ def test_removing_the_last_consumer_leaves_no_helper_behind(hosts):
                         UNIT_DIR, UNIT_DIR).stdout
         assert left == "", left
     assert_deployed(deploy(consumers(long={"state": "absent"})))  # back for the tests that follow
+    soon = [c for c in consumers() if c["name"] != "long" and "1h" not in str(c.get("start_delay"))]
+    timers = [PREFIX + c["name"] + ("@1" if c.get("instances", 1) > 1 else "") + ".timer" for c in soon]
     for host in hosts:
         assert host.file("/usr/local/lib/batchq/batchq-drain").exists
+        # as before the removal: every timer armed again once its start_delay is over
+        wait_for(lambda: all(show(host, timer, "ActiveState")["ActiveState"] == "active" for timer in timers), 30,
+                 "the timers to be armed again")
 
 
 def test_check_mode_reports_but_changes_nothing(hosts):

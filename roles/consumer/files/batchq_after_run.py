@@ -177,10 +177,19 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
 
 def batch_log(invocation, matches):
     """The last lines of the run's failed batch: for a drain, the last batch's
-    own lines only (matches, from batch_matches)."""
-    return subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=cat", "--lines=%d" % LOG_LINES,
-                           "_SYSTEMD_INVOCATION_ID=" + invocation] + matches,
-                          stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode("utf-8", "replace")
+    own lines only (matches, from batch_matches), not the runner's records."""
+    out = subprocess.run(["journalctl", "--no-pager", "--quiet", "--output=json",
+                          "--output-fields=MESSAGE,SYSLOG_IDENTIFIER", "--lines=%d" % (LOG_LINES + 1),
+                          "_SYSTEMD_INVOCATION_ID=" + invocation] + matches,
+                         stdout=subprocess.PIPE, check=False, env=C_ENV).stdout.decode("utf-8", "replace")
+    lines = []
+    for line in out.splitlines():
+        entry = json.loads(line) if line.strip() else {}
+        message = entry.get("MESSAGE")
+        if message is None or (matches and entry.get("SYSLOG_IDENTIFIER") == "batchq-drain"):
+            continue
+        lines.append(bytes(message).decode("utf-8", "replace") if isinstance(message, list) else message)
+    return "".join(text + "\n" for text in lines[-LOG_LINES:])
 
 
 def run_hook():
