@@ -17,6 +17,7 @@ from testlib import (
     deploy,
     host_state,
     journal,
+    scenario_vars,
     show,
     start_held_batch,
     wait_for,
@@ -61,32 +62,49 @@ def paused_gauge(host, name):
     return [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("batchq_consumer_paused{")]
 
 
+# A consumer with instances of these tests' own (parallel's history is
+# test_timing's): its batches would come an hour after a deploy or a resume.
+TWINS = {"name": "twins", "command": "/usr/local/bin/batchq-probe run", "instances": 2, "start_delay": "1h",
+         "accuracy": "1min", "jitter": "2s"}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def deployed_again():
-    """Every consumer back as the scenario deployed it, for the tests that follow."""
+def twins_deployed():
+    """twins deployed beside the scenario's consumers; at the end, twins removed
+    and every consumer back as the scenario deployed it."""
+    listed = scenario_vars()["consumer_list"]
+    assert_deployed(deploy(listed + [TWINS]))
     yield
-    assert_deployed(deploy())
+    assert_deployed(deploy(listed + [dict(TWINS, state="absent")]))
 
 
 def test_pause_and_resume_consumers_deployed_without_this_inventory(hosts):
-    parallel = ["batchq-parallel@%d.timer" % i for i in (1, 2, 3)]
-    code, output = control("pause", "-e", "consumer_names=parallel,long")
+    twins = ["batchq-twins@1.timer", "batchq-twins@2.timer"]
+    code, output = control("pause", "-e", "consumer_names=twins,long")
     assert code == 0, output
     for host in hosts:
-        for unit in parallel + ["batchq-long.timer"]:
+        for unit in twins + ["batchq-long.timer"]:
             assert timer(host, unit) == {"ActiveState": "inactive", "UnitFileState": "disabled"}, unit + output
-        assert paused_gauge(host, "long") == ["1"], output
-    # Paused, systemd has let go of the instances: their number comes from what
-    # the role wrote on the host, start_delay and accuracy from the timer file.
-    code, output = control("resume", "-e", "consumer_names=parallel,long")
+        assert paused_gauge(host, "long") == ["1"] and paused_gauge(host, "twins") == ["1"], output
+        # Nothing in systemd names the instances of a paused consumer any more:
+        # their number comes from what the role wrote on the host.
+        wait_for(lambda: not host.check_output("systemctl list-units --all --plain --no-legend 'batchq-twins@*'"),
+                 30, "systemd to let go of the instances of twins")
+    code, output = control("resume", "-e", "consumer_names=twins,long")
     assert code == 0, output
     for host in hosts:
-        starter = show(host, "batchq-long.start.timer", "ActiveState", "TimersMonotonic", "AccuracyUSec")
-        assert starter["ActiveState"] == "active" and "OnActiveUSec=1h" in starter["TimersMonotonic"], starter
-        wait_for(lambda: all(timer(host, unit) == {"ActiveState": "active", "UnitFileState": "enabled"}
-                             for unit in parallel), 60, "the three timers of parallel to start")
-        assert paused_gauge(host, "long") == ["0"], output
-        assert "resumed (first batch after start_delay): batchq-long.timer" in output
+        for unit in twins + ["batchq-long.timer"]:
+            assert timer(host, unit)["UnitFileState"] == "enabled", unit + output
+        # started as the deploy starts them: start_delay later, with the consumer's accuracy and jitter
+        for starter, accuracy, jitter in (("batchq-twins.1.start.timer", "1min", "2s"),
+                                          ("batchq-twins.2.start.timer", "1min", "2s"),
+                                          ("batchq-long.start.timer", "1s", "0")):
+            shown = show(host, starter, "ActiveState", "TimersMonotonic", "AccuracyUSec", "RandomizedDelayUSec")
+            assert shown["ActiveState"] == "active" and "OnActiveUSec=1h" in shown["TimersMonotonic"], shown
+            assert (shown["AccuracyUSec"], shown["RandomizedDelayUSec"]) == (accuracy, jitter), shown
+        assert paused_gauge(host, "long") == ["0"] and paused_gauge(host, "twins") == ["0"], output
+    assert "resumed (first batch after start_delay): batchq-long.timer batchq-twins@1.timer batchq-twins@2.timer" \
+        in output, output
 
 
 def test_control_needs_no_secret_of_the_consumer_list(hosts):
