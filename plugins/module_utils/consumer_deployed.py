@@ -1,0 +1,115 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The consumers deployed on a host, from its unit files alone.
+
+Pure functions for the consumer_deployed module: consumer_control.yml acts on
+what the role installed, never on an inventory it may not have.
+"""
+
+from __future__ import annotations
+
+__metaclass__ = type
+
+# The section of a consumer's timer file that the role writes for control
+# (templates/consumer.timer.j2); systemd ignores sections named X-*.
+SECTION = "X-Batchq"
+# Oneshot states in which a batch (or its ExecStopPost=) still runs.
+RUNNING_STATES = ("activating", "deactivating", "reloading")
+
+
+def unit_file_sections(text):
+    """{section: [(key, value), ...]} of a unit file, in order.
+
+    Enough for the files the role writes: no line continuations, comments on
+    lines of their own.
+    """
+    sections, current = {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], [])
+        elif current is not None and "=" in line:
+            key, value = line.split("=", 1)
+            current.append((key.strip(), value.strip()))
+    return sections
+
+
+def _first(pairs, key, default):
+    # The role writes its own settings before timer_options, which may repeat
+    # them: the first is the one a deploy starts the timer with.
+    return next((value for name, value in pairs if name == key), default)
+
+
+def timer_settings(text):
+    """What a resume needs from a consumer's timer file, and the role's record.
+
+    Returns {"start_delay", "accuracy", "jitter", "instances" (int or None),
+    "state", "metrics_dir" (or None)}. A file written before the role kept its
+    record ([X-Batchq]) gives instances None, state "present" and no metrics_dir.
+    """
+    sections = unit_file_sections(text)
+    timer = sections.get("Timer", [])
+    record = dict(sections.get(SECTION, []))
+    instances = record.get("Instances", "")
+    return {
+        # OnBootSec= is the consumer's start_delay (consumer.timer.j2)
+        "start_delay": _first(timer, "OnBootSec", "0"),
+        "accuracy": _first(timer, "AccuracySec", "1s"),
+        "jitter": _first(timer, "RandomizedDelaySec", "0"),
+        "instances": int(instances) if instances.isdigit() and int(instances) > 0 else None,
+        "state": record.get("State", "present"),
+        "metrics_dir": record.get("Metrics") or None,
+    }
+
+
+def deployed_consumer(name, prefix, settings, loaded_instances):
+    """One consumer's units and timer starts, or None when its instances are
+    unknown (a paused template written before the record: nothing names them).
+
+    loaded_instances: the instance numbers systemd has loaded, [] for a
+    consumer without instances (settings from its plain timer file) or None.
+    """
+    unit = prefix + name
+    if loaded_instances is None:
+        timers = [unit + ".timer"]
+    else:
+        count = settings["instances"]
+        numbers = [str(i) for i in range(1, count + 1)] if count else sorted(loaded_instances, key=_instance_order)
+        if not numbers:
+            return None
+        timers = ["%s@%s.timer" % (unit, number) for number in numbers]
+    return {
+        "name": name,
+        "state": settings["state"],
+        "instances": len(timers),
+        "timers": timers,
+        "services": [timer[:-len(".timer")] + ".service" for timer in timers],
+        "starts": [{"timer": timer, "delay": settings["start_delay"], "accuracy": settings["accuracy"],
+                    "jitter": settings["jitter"]} for timer in timers],
+        "metrics_dir": settings["metrics_dir"],
+    }
+
+
+def _instance_order(number):
+    return (0, int(number), "") if number.isdigit() else (1, 0, number)
+
+
+def select(found, names):
+    """(the consumers to act on, the names not deployed here).
+
+    names None: every consumer deployed with state present, as the role left
+    it; a list: exactly those named, whatever the state they were deployed with.
+    """
+    if names is None:
+        return [c for c in found if c["state"] == "present"], []
+    by_name = {c["name"]: c for c in found}
+    chosen = [by_name[name] for name in dict.fromkeys(names) if name in by_name]
+    return chosen, [name for name in dict.fromkeys(names) if name not in by_name]
+
+
+def running(show, services):
+    """The services of parse_show() output that still run a batch."""
+    return [s for s in services if show.get(s, {}).get("ActiveState") in RUNNING_STATES]
