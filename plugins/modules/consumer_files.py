@@ -28,7 +28,7 @@ options:
   unused:
     description:
       - Paths to remove after O(absent) and O(files) when no file in O(named_in) names them any more
-        (for the role: the drain runner, the after-run helpers and C(batchq.continue@.service), once the
+        (for the role, the drain runner, the after-run helpers and C(batchq.continue@.service), once the
         last unit that uses them is gone, whatever its prefix). A folder goes with everything in it.
     type: list
     elements: dict

@@ -139,8 +139,8 @@ stopped:
 reloaded:
   description:
     - Unit files in O(units) that were already in place but that systemd had not loaded yet
-      (C(NeedDaemonReload=yes): an earlier C(daemon-reload) failed, or its connection dropped
-      after the files were moved in). They are reloaded, and a drain running under the old
+      (C(NeedDaemonReload=yes), as when an earlier C(daemon-reload) failed or its connection
+      dropped after the files were moved in). They are reloaded, and a drain running under the old
       definition ends after its batch in flight, as for RV(written).
   returned: always
   type: list
