@@ -33,9 +33,12 @@ def run_to_its_end(host, unit):
     """Start unit and wait for its run to end; returns that run's invocation ID."""
     before = show(host, unit, "InvocationID")["InvocationID"]
     host.check_output("systemctl start --no-block %s", unit)
-    return wait_for(lambda: (lambda state: state["ActiveState"] in ("inactive", "failed")
-                             and state["InvocationID"] not in ("", before) and state["InvocationID"])(
-                                 show(host, unit, "ActiveState", "InvocationID")), 120, "a run of %s to end" % unit)
+
+    def ended():
+        state = show(host, unit, "ActiveState", "InvocationID")
+        done = state["ActiveState"] in ("inactive", "failed") and state["InvocationID"] not in ("", before)
+        return done and state["InvocationID"]
+    return wait_for(ended, 120, "a run of %s to end" % unit)
 
 
 def test_every_line_of_every_batch_of_a_drain_is_under_its_unit_and_run(host):
@@ -58,7 +61,7 @@ def test_every_line_of_every_batch_of_a_drain_is_under_its_unit_and_run(host):
 
 def test_every_line_of_a_plain_consumer_that_exits_at_once_is_under_its_unit_and_run(host):
     unit = "batchq-chatty-plain.service"
-    for _ in range(20):
+    for run in range(20):
         invocation = run_to_its_end(host, unit)
         found = [message for identifier, batch, message in lines_of(host, unit, invocation, "of run", 2)]
-        assert found == ["out of run %s" % invocation, "err of run %s" % invocation], journal(host, "chatty-plain")
+        assert found == ["out of run %s" % invocation, "err of run %s" % invocation], (run, journal(host, "chatty-plain"))
