@@ -27,7 +27,8 @@ def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
     assert failed.returncode != 0, failed.output
     for host in hosts:
         # the new file is in place, systemd still runs the old one
-        assert "--tag reloaded" in host.file("/etc/systemd/system/batchq-fresh.service").content_string, \
+        # (the role writes each word of the command quoted)
+        assert '"--tag" "reloaded"' in host.file("/etc/systemd/system/batchq-fresh.service").content_string, \
             failed.output[-4000:]
         assert show(host, "batchq-fresh.service", "NeedDaemonReload")["NeedDaemonReload"] == "yes"
     again = deploy(consumers(**TAGGED))
