@@ -49,7 +49,8 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
     # later notification covers the crashes since the one told before
     assert (positions[0], counts[0]) == (0, 1), (positions, counts)
     assert counts[1:] == [b - a for a, b in zip(positions, positions[1:])], (positions, counts)
-    assert min(counts[1:]) >= 3, counts  # crasher crashes about every second: a real storm
+    # crasher crashes about every second: a real storm (fewer on a loaded CI machine)
+    assert min(counts[1:]) >= 2, counts
     # each told crash is the first to end every seconds after the one told
     # before: the period runs between the crashes' ends as systemd recorded
     # them ("Main process exited", by invocation)
@@ -127,8 +128,9 @@ def test_a_run_whose_environment_file_is_gone_is_counted_and_told(host):
     host.check_output("mv /etc/batchq-test/needs-env.env /etc/batchq-test/needs-env.env.away")
     try:
         note = wait_for(lambda: hooks(host, "needs-env")[told:], 60, "a notification about needs-env")[0]
+        # the consumer's command never ran: no exit code or status of its own
         assert (note["BATCHQ_RESULT"], note["BATCHQ_EXIT_CODE"], note["BATCHQ_EXIT_STATUS"]) == (
-            "exit-code", "exited", "1"), note
+            "exit-code", "", ""), note
         assert "environment file /etc/batchq-test/needs-env.env is missing" in note["BATCHQ_LOG"], note
         wait_for(lambda: consumer_series(scrape(host), "needs-env", "runs_total").get(
             ("batchq-needs-env.service", "exit-code"), 0) > failures_before.get(
