@@ -169,7 +169,8 @@ def parse_journal_runs(text):
             continue
         run = runs.setdefault(invocation, {"invocation_id": invocation, "started": None, "finished": None,
                                            "result": None, "exit_code": None, "exit_status": None})
-        when = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+        # when the manager said it, not when journald (lagging on a loaded host) took it in
+        when = int(entry.get("_SOURCE_REALTIME_TIMESTAMP") or entry["__REALTIME_TIMESTAMP"]) / 1e6
         message = entry.get("MESSAGE_ID")
         if message == JOB_STARTED:
             run["started"] = when

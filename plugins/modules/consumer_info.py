@@ -313,7 +313,8 @@ class Host:
         matches = ["UNIT=" + service for service in services] + ["MESSAGE_ID=" + message for message in RUN_MESSAGES]
         out = self.run([
             self.journalctl, "--no-pager", "--output=json", "--reverse", "--lines=%d" % limit,
-            "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS,UNIT", "--"] + matches)
+            "--output-fields=MESSAGE_ID,INVOCATION_ID,UNIT_RESULT,EXIT_CODE,EXIT_STATUS,UNIT,_SOURCE_REALTIME_TIMESTAMP",
+            "--"] + matches)
         complete = len(out.splitlines()) < limit
         groups = group_journal(out, "UNIT")
         return {service: parse_journal_runs("\n".join(groups.get(service, [])[:wanted])) for service in services

@@ -41,7 +41,7 @@ def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
     history = list(reversed(report["history"]))
     assert len(history) >= 3 and all(r["result"] == "timeout" for r in history), report
     kill_times = [r["duration_s"] for r in history]
-    # durations come from journal stamps, which lag the manager by a little
+    # durations come from the manager's own stamps of its job messages
     # A run's duration ends when its ExecStopPost= metrics writer has run: a
     # Python start that takes well over a second on a loaded 2-core machine.
     assert all(3.0 - 0.3 <= t <= 3.0 + 2.5 for t in kill_times), kill_times
@@ -69,7 +69,7 @@ def test_a_batch_that_ignores_sigterm_is_killed_stop_timeout_after_its_timeout(h
                for r in history), report
     kill_times = [r["duration_s"] for r in history]
     expected = timeout + stop_timeout
-    # durations come from journal stamps, which lag the manager by a little
+    # durations come from the manager's own stamps of its job messages
     # + 2.5: as for a hung batch, the duration includes the ExecStopPost= writer.
     assert all(expected - 0.3 <= t <= expected + 2.5 for t in kill_times), (kill_times, journal(host, "stubborn"))
     figure("%s SIGTERM ignored: SIGKILL after %.2f-%.2fs (timeout %gs + stop_timeout %gs)" % (
