@@ -14,9 +14,10 @@ short_description: Lay out many small files, folders and links in one step
 version_added: 0.1.0
 description:
   - Used by the C(batchq.consumers.consumer) role and the C(consumer_control) playbook for the
-    consumers' metrics files (see the C(batchq.consumers.consumer_metrics_files) filter). One call
-    does what a loop of C(ansible.builtin.file) and C(ansible.builtin.copy) tasks would do with
-    several round trips to the host for every consumer.
+    consumers' helpers, secret environment files and metrics files (see the
+    C(batchq.consumers.consumer_metrics_files) filter). One call does what a loop of
+    C(ansible.builtin.file) and C(ansible.builtin.copy) tasks would do with several round trips
+    to the host for every consumer.
   - Each entry is brought to its state in order; only what differs is changed. A file's content
     is replaced atomically (a temporary file in the same folder, then a rename).
 options:
@@ -84,13 +85,22 @@ options:
         description: Group of a V(directory) or V(file); default the owner's.
         type: str
       mode:
-        description: Octal permissions of a V(directory) or V(file), for example V("0644").
+        description:
+          - Permissions of a V(directory) or V(file), octal (V("0644")), or rights to add to those it
+            has (V(a+rx), V(u+w)), which never takes a right away from a folder others share.
         type: str
+  secret_files:
+    description:
+      - Files to write after O(files), path to content, each owned by root with mode C(0600); their
+        content is never logged, returned or shown in a diff. Their folder must exist (put it in O(files)).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
   diff_mode:
-    support: none
+    support: partial
+    details: The content of a V(file) of O(files) that changes, never that of O(secret_files).
   platform:
     platforms: posix
 extends_documentation_fragment:
@@ -117,6 +127,7 @@ changed_paths:
 import grp
 import os
 import pwd
+import re
 import shutil
 import stat
 import tempfile
@@ -131,12 +142,32 @@ def _ids(entry):
     return uid, gid
 
 
+_WHO = {"u": 0o700, "g": 0o070, "o": 0o007, "a": 0o777}
+_WHAT = {"r": 0o444, "w": 0o222, "x": 0o111}
+
+
+def wanted_mode(mode, current):
+    """The permissions mode asks for a file that has current: octal ("0644")
+    replaces them, "WHO+WHAT" ("a+rx") adds rights; None leaves them."""
+    if not mode:
+        return current
+    match = re.match(r"^([ugoa]+)\+([rwx]+)$", mode)
+    if match:
+        who = sum(_WHO[c] for c in set(match.group(1)))
+        what = sum(_WHAT[c] for c in set(match.group(2)))
+        return current | (who & what)
+    try:
+        return int(mode, 8)
+    except ValueError:
+        raise ValueError("mode %r is neither octal nor like a+rx" % mode) from None
+
+
 def _attributes_differ(path, entry):
     info = os.lstat(path)
     uid, gid = _ids(entry)
-    mode = int(entry["mode"], 8) if entry.get("mode") else None
+    current = stat.S_IMODE(info.st_mode)
     return ((uid != -1 and info.st_uid != uid) or (gid != -1 and info.st_gid != gid)
-            or (mode is not None and stat.S_IMODE(info.st_mode) != mode))
+            or wanted_mode(entry.get("mode"), current) != current)
 
 
 def _set_attributes(descriptor, entry):
@@ -146,7 +177,7 @@ def _set_attributes(descriptor, entry):
     if uid != -1 or gid != -1:
         os.fchown(descriptor, uid, gid)
     if entry.get("mode"):
-        os.fchmod(descriptor, int(entry["mode"], 8))
+        os.fchmod(descriptor, wanted_mode(entry["mode"], stat.S_IMODE(os.fstat(descriptor).st_mode)))
 
 
 def _open_own(path, directory=False):
@@ -251,26 +282,32 @@ def main():
                 "named_by": {"type": "list", "elements": "str", "required": True},
             }},
             "named_in": {"type": "path", "default": "/etc/systemd/system"},
+            "secret_files": {"type": "dict", "default": {}, "no_log": True},
         },
         supports_check_mode=True,
     )
-    changed = []
+    changed, diffs = [], []
     gone = [{"path": path, "state": "absent"} for path in module.params["absent"]]
-    for entry in gone + module.params["files"]:
+    secrets = [{"path": path, "state": "file", "content": content, "force": True, "owner": "root", "group": "root",
+                "mode": "0600", "secret": True} for path, content in sorted(module.params["secret_files"].items())]
+    for entry in gone + module.params["files"] + secrets:
         if entry["state"] == "link" and not entry.get("src"):
             module.fail_json(msg="%s: a link needs src" % entry["path"])
         try:
             if needs_change(entry):
                 changed.append(entry["path"])
+                if module._diff and entry["state"] == "file" and not entry.get("secret"):
+                    diffs.append({"before": _content(entry["path"]) or "", "after": entry["content"],
+                                  "before_header": entry["path"], "after_header": entry["path"]})
                 if not module.check_mode:
                     apply(entry)
-        except (OSError, KeyError) as exc:
+        except (OSError, KeyError, ValueError) as exc:
             module.fail_json(msg="%s: %s" % (entry["path"], exc), changed_paths=changed)
     for path in unused_paths(module.params["unused"], module.params["named_in"], set(module.params["absent"])):
         changed.append(path)
         if not module.check_mode:
             apply({"path": path, "state": "absent"})
-    module.exit_json(changed=bool(changed), changed_paths=changed)
+    module.exit_json(changed=bool(changed), changed_paths=changed, diff=diffs)
 
 
 if __name__ == "__main__":

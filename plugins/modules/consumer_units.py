@@ -33,6 +33,14 @@ options:
       - Unit file names and their full content. Only units whose content differs are written.
     type: dict
     default: {}
+  unchanged:
+    description:
+      - Unit files already in place with the content the caller wants (it compared digests), so not
+        sent in O(units); like the units of O(units) that need no writing, they are reloaded when
+        systemd has not loaded them yet (RV(reloaded)).
+    type: list
+    elements: str
+    default: []
   unit_dir:
     description: Where the unit files go.
     type: path
@@ -77,6 +85,14 @@ options:
     type: list
     elements: str
     default: []
+  wait:
+    description:
+      - Seconds to wait, after the drains of O(finish) were asked to end, until no service of
+        O(finish) runs (activating, active or deactivating); the module fails naming those still
+        running when the time is up. V(0) does not wait. The wait is done on the host, in this
+        one call.
+    type: int
+    default: 0
   run:
     description:
       - Services to start now, each only if it is idle (inactive or failed). A service whose
@@ -86,6 +102,27 @@ options:
     type: list
     elements: str
     default: []
+  find:
+    description:
+      - Folders to list after the units are written and the timers switched, as
+        C(ansible.builtin.find) would, without a round trip of its own; RV(found) has the result.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The folder; one that does not exist has nothing in it.
+        type: path
+        required: true
+      patterns:
+        description: Shell patterns a name must match (any of them).
+        type: list
+        elements: str
+        default: ["*"]
+      depth:
+        description: How deep to look, C(1) for the folder's own entries, C(2) for those of its subfolders too.
+        type: int
+        default: 1
   verify:
     description:
       - Check O(units) with C(systemd-analyze verify) before writing them. Set it to V(false)
@@ -160,6 +197,11 @@ ran:
   type: list
   elements: str
   sample: [batchq-thumbs@1.service]
+found:
+  description: For each folder of O(find), the paths below it whose names match, sorted.
+  returned: always
+  type: dict
+  sample: {/etc/systemd/system: [/etc/systemd/system/batchq-thumbs.service, /etc/systemd/system/batchq-thumbs.timer]}
 busy:
   description: Services of O(run) that were running a batch and were left alone.
   returned: always
@@ -168,6 +210,7 @@ busy:
   sample: [batchq-thumbs@2.service]
 """
 
+import fnmatch
 import os
 import re
 import shutil
@@ -212,9 +255,10 @@ def verify(module, units):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def install(module, units, unit_dir):
+def install(module, units, unit_dir, unchanged=()):
     """Write the units that differ and reload systemd if it does not run what
-    is on disk; returns the units written, those reloaded alone and the diffs."""
+    is on disk (of these and of unchanged); returns the units written, those
+    reloaded alone and the diffs."""
     written, diffs = [], []
     for name in sorted(units):
         path = os.path.join(unit_dir, name)
@@ -232,7 +276,7 @@ def install(module, units, unit_dir):
             module.atomic_move(temporary, path)
     # Identical files prove nothing: a reload that failed after they were
     # moved in leaves systemd on the old definitions. Ask systemd.
-    stale = stale_units(module, [name for name in units if name not in written])
+    stale = stale_units(module, sorted(set(unchanged) | {name for name in units if name not in written}))
     if (written or stale) and not module.check_mode:
         module.run_command([module.get_bin_path("systemctl", required=True), "daemon-reload"], check_rc=True)
     return written, stale, diffs
@@ -266,10 +310,10 @@ def finish_drains(module, patterns):
     systemctl = module.get_bin_path("systemctl", required=True)
     rc, out, err = module.run_command([systemctl, "list-units", "--plain", "--no-legend", "--state=activating",
                                        "--"] + patterns, environ_update=LANG_C, check_rc=True)
-    running = [line.split()[0] for line in out.splitlines() if line.strip()]
-    if not running:
+    batches = [line.split()[0] for line in out.splitlines() if line.strip()]
+    if not batches:
         return []
-    rc, out, err = module.run_command([systemctl, "show", "--property=Id,MainPID", "--"] + running,
+    rc, out, err = module.run_command([systemctl, "show", "--property=Id,MainPID", "--"] + batches,
                                       environ_update=LANG_C, check_rc=True)
     asked = []
     for unit, fields in parse_show(out).items():
@@ -359,6 +403,29 @@ def switch_timers(module, start, stop):
     return started, to_stop, [timer[:-len(".timer")] + ".service" for timer in to_stop]
 
 
+def running(module, patterns):
+    """The services matching patterns that are running a batch."""
+    rc, out, err = module.run_command(
+        [module.get_bin_path("systemctl", required=True), "list-units", "--plain", "--no-legend",
+         "--state=activating,active,deactivating", "--"] + patterns, environ_update=LANG_C, check_rc=True)
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def wait_until_idle(module, patterns, seconds):
+    """Wait until no service matching patterns runs, or fail after seconds."""
+    if not patterns or seconds <= 0 or module.check_mode:
+        return
+    deadline = time.monotonic() + seconds
+    while True:
+        busy = running(module, patterns)
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            module.fail_json(msg="still running after %ds (consumer_drain_timeout): %s" % (seconds, " ".join(busy)),
+                             busy=busy)
+        time.sleep(0.5)
+
+
 def run_idle(module, services):
     """Start the idle services among services now; returns (started, busy)."""
     states = unit_states(module, services)
@@ -371,10 +438,24 @@ def run_idle(module, services):
     return idle, busy
 
 
+def find(folder, patterns, depth):
+    """The paths below folder, depth levels deep, whose names match one of
+    patterns; links are listed, never followed."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        level = root[len(folder):].count(os.sep) + 1
+        names = folders + files
+        found += [os.path.join(root, name) for name in names if any(fnmatch.fnmatch(name, p) for p in patterns)]
+        if level >= depth:
+            folders[:] = []
+    return sorted(found)
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "units": {"type": "dict", "default": {}},
+            "unchanged": {"type": "list", "elements": "str", "default": []},
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
             "verify": {"type": "bool", "default": True},
             "start": {"type": "list", "elements": "dict", "default": [], "options": {
@@ -386,6 +467,12 @@ def main():
             "stop": {"type": "list", "elements": "str", "default": []},
             "finish": {"type": "list", "elements": "str", "default": []},
             "run": {"type": "list", "elements": "str", "default": []},
+            "wait": {"type": "int", "default": 0},
+            "find": {"type": "list", "elements": "dict", "default": [], "options": {
+                "path": {"type": "path", "required": True},
+                "patterns": {"type": "list", "elements": "str", "default": ["*"]},
+                "depth": {"type": "int", "default": 1},
+            }},
         },
         supports_check_mode=True,
     )
@@ -395,16 +482,18 @@ def main():
             module.fail_json(msg="%r is not a unit file name" % name)
     if units and module.params["verify"]:
         verify(module, units)
-    written, reloaded, diffs = install(module, units, module.params["unit_dir"])
+    written, reloaded, diffs = install(module, units, module.params["unit_dir"], module.params["unchanged"])
     # A drain started under the old definition ends after its batch in flight;
     # the next batch runs under the new one (batchq.continue@.service).
     rewritten = [name.replace("@.service", "@*.service") for name in written + reloaded if name.endswith(".service")]
     started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"])
     ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
+    wait_until_idle(module, module.params["finish"], module.params["wait"])
     ran, busy = run_idle(module, module.params["run"])
+    found = {entry["path"]: find(entry["path"], entry["patterns"], entry["depth"]) for entry in module.params["find"]}
     module.exit_json(changed=bool(written or reloaded or started or stopped or ending or ran), written=written,
-                     reloaded=reloaded,
-                     started=started, stopped=stopped, ending=ending, ran=ran, busy=busy, diff=diffs)
+                     reloaded=reloaded, started=started, stopped=stopped, ending=ending, ran=ran, busy=busy,
+                     found=found, diff=diffs)
 
 
 if __name__ == "__main__":

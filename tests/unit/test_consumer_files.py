@@ -126,3 +126,25 @@ def test_a_removed_consumer_is_named_and_its_metrics_go(tmp_path):
     assert sorted(os.path.relpath(path, tmp_path) for path in run(gone)) == [
         "batchq-mail.d", "batchq-mail.paused.prom", "batchq-mail.prom"]
     assert sorted(os.listdir(tmp_path)) == ["batchq-sync.d", "batchq-sync.paused.prom", "batchq-sync.prom"]
+
+
+def test_a_mode_that_adds_rights_never_takes_one_away(tmp_path):
+    folder = tmp_path / "textfiles"
+    folder.mkdir()
+    os.chmod(folder, 0o1733)  # a sticky folder other exporters write to
+    entry = {"path": str(folder), "state": "directory", "owner": None, "group": None, "mode": "a+rx"}
+    assert run([entry]) == [str(folder)]
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o1777
+    assert run([entry]) == []
+    assert consumer_files.wanted_mode("0644", 0o777) == 0o644
+    assert consumer_files.wanted_mode("u+w", 0o444) == 0o644
+    assert consumer_files.wanted_mode(None, 0o750) == 0o750
+
+
+def test_a_mode_that_is_neither_octal_nor_an_addition_is_refused():
+    try:
+        consumer_files.wanted_mode("a=rx", 0o755)
+    except ValueError as exc:
+        assert "a=rx" in str(exc)
+    else:
+        raise AssertionError("a=rx was taken")

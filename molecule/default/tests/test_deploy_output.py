@@ -1,12 +1,13 @@
 """What one deploy does besides deploying, read from its own output: no
-warning on hosts without secrets, and systemd verifies each host's units once
-in the checks, not again in the role's own."""
+warning on hosts without secrets, and systemd verifies the units that differ
+from each host's once, in the checks, not again in the role's own; a deploy
+that changes nothing has no unit to verify."""
 
 import re
 
 import pytest
 
-from testlib import assert_deployed, deploy
+from testlib import assert_deployed, consumers, deploy
 
 SECRETS_DIR = "/etc/batchq"
 VERIFY_TASK = "Verify the unit files with systemd before they go live"
@@ -31,25 +32,39 @@ def task_results(output, task):
 
 @pytest.fixture(scope="module")
 def deployed(hosts):
+    """The output of a deploy that changes one consumer, then of one that
+    changes it back, then of one that changes nothing."""
     for host in hosts:
         # none of the scenario's consumers has secrets; a test that adds some cleans up
         assert not host.file(SECRETS_DIR).exists, "%s has %s: this deploy needs a host without" % (
             host.backend.get_hostname(), SECRETS_DIR)
-    process = deploy()
-    assert_deployed(process)
-    return process.output
+    outputs = []
+    for variant in (consumers(fresh={"timeout": "10min"}), None, None):
+        process = deploy(variant)
+        assert_deployed(process)
+        outputs.append(process.output)
+    return outputs
 
 
-def test_the_checks_verify_each_hosts_units_once(hosts, deployed):
-    results = task_results(deployed, VERIFY_TASK)
+def test_the_checks_verify_each_hosts_changed_units_once(hosts, deployed):
     names = sorted(host.backend.get_hostname() for host in hosts)
-    assert sorted(results) == names, deployed
-    for name in names:
-        # the playbook's checks of every host verify, the role's own checks
-        # then find the same units already verified
-        assert results[name] == ["ok", "skipping"], (name, results, deployed[-4000:])
+    for output in deployed[:2]:
+        results = task_results(output, VERIFY_TASK)
+        assert sorted(results) == names, output
+        for name in names:
+            # the playbook's checks of every host verify, the role's own checks
+            # then find the same units already verified
+            assert results[name] == ["ok", "skipping"], (name, results, output[-4000:])
+
+
+def test_a_deploy_that_changes_nothing_verifies_nothing_and_reports_no_change(hosts, deployed):
+    results = task_results(deployed[2], VERIFY_TASK)
+    for host in hosts:
+        name = host.backend.get_hostname()
+        assert results[name] == ["skipping", "skipping"], (name, results, deployed[2][-4000:])
+        assert re.search(r"^%s\s+: ok=\d+\s+changed=0\s" % re.escape(name), deployed[2], re.M), deployed[2][-3000:]
 
 
 def test_a_deploy_to_hosts_without_secrets_warns_of_nothing(deployed):
-    warnings = [line for line in deployed.splitlines() if "WARNING" in line]
+    warnings = [line for output in deployed for line in output.splitlines() if "WARNING" in line]
     assert not [line for line in warnings if SECRETS_DIR in line], "\n".join(warnings)

@@ -1,0 +1,194 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ask a host, in one step, what the role needs to know before it changes anything."""
+
+from __future__ import annotations
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: consumer_preflight
+short_description: Ask a host what its consumers need, in one round trip, changing nothing
+version_added: 0.2.0
+description:
+  - Used by the C(batchq.consumers.consumer) role before it changes a host. One call reads the
+    host's systemd version, checks time spans with C(systemd-analyze timespan), looks up
+    accounts by name and checks that paths exist, where a task for each would cost a round trip.
+  - It only reads. The role decides on the controller what the answers mean.
+  - Accounts are looked up by key with C(getent), never by listing a database, because directory
+    services such as SSSD and LDAP answer for a name but usually do not list their users.
+options:
+  spans:
+    description: Time spans to check; RV(rejected_spans) lists those systemd rejects.
+    type: list
+    elements: str
+    default: []
+  users:
+    description: User names to look up in the passwd database.
+    type: list
+    elements: str
+    default: []
+  groups:
+    description: Group names to look up in the group database.
+    type: list
+    elements: str
+    default: []
+  paths:
+    description: Paths that must exist; RV(missing_paths) lists those that do not.
+    type: list
+    elements: path
+    default: []
+  unit_dir:
+    description: The folder of the unit files that RV(units) describes.
+    type: path
+    default: /etc/systemd/system
+  unit_patterns:
+    description:
+      - Shell patterns of unit file names in O(unit_dir) whose content RV(units) gives as a digest, so
+        that the controller sends, verifies and writes only the units that differ.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+    details: It changes nothing, and answers the same in check mode.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+author:
+  - batchq.consumers contributors (@batchq)
+"""
+
+EXAMPLES = r"""
+- name: Ask the host
+  batchq.consumers.consumer_preflight:
+    spans: [5min, 1h]
+    users: [batchq, www-data]
+    groups: [batchq]
+    paths: [/usr/local/bin/process_queue]
+  register: answer
+
+- name: Refuse a host without the command
+  ansible.builtin.assert:
+    that: answer.missing_paths == []
+"""
+
+RETURN = r"""
+systemctl_version:
+  description: What C(systemctl --version) printed.
+  returned: always
+  type: str
+  sample: "systemd 252 (252.39-1~deb12u1)\n+PAM +AUDIT ..."
+rejected_spans:
+  description: The spans of O(spans) that C(systemd-analyze timespan) rejects, in their order.
+  returned: always
+  type: list
+  elements: str
+  sample: [1 fortnight]
+users:
+  description: The users of O(users) that exist, with their passwd fields; a missing one is not listed.
+  returned: always
+  type: dict
+  sample: {batchq: {uid: 998, gid: 998, home: /var/lib/batchq, shell: /usr/sbin/nologin}}
+groups:
+  description: The groups of O(groups) that exist, with their ID; a missing one is not listed.
+  returned: always
+  type: dict
+  sample: {batchq: 998}
+units:
+  description: The SHA-256 of each regular file in O(unit_dir) whose name matches O(unit_patterns).
+  returned: always
+  type: dict
+  sample: {batchq-thumbs.service: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
+missing_paths:
+  description: The paths of O(paths) that do not exist, in their order.
+  returned: always
+  type: list
+  elements: str
+  sample: [/usr/local/bin/process_queue]
+"""
+
+import fnmatch
+import hashlib
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+# systemd 247's tools colour their messages even into a pipe.
+LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
+
+
+def parse_getent(out, database):
+    """{name: fields} of getent's lines: passwd gives uid, gid, home and shell; group its gid."""
+    found = {}
+    for line in out.splitlines():
+        fields = line.split(":")
+        if database == "passwd" and len(fields) >= 7:
+            found[fields[0]] = {"uid": int(fields[2]), "gid": int(fields[3]), "home": fields[5], "shell": fields[6]}
+        elif database == "group" and len(fields) >= 3:
+            found[fields[0]] = int(fields[2])
+    return found
+
+
+def lookup(module, database, names):
+    if not names:
+        return {}
+    rc, out, err = module.run_command([module.get_bin_path("getent", required=True), database, "--"] + names,
+                                      environ_update=LANG_C)
+    if rc not in (0, 2):  # 2: at least one name is not found
+        module.fail_json(msg="getent %s failed: %s" % (database, err.strip()), rc=rc)
+    return parse_getent(out, database)
+
+
+def unit_digests(folder, patterns):
+    """{name: SHA-256 of the content} of the regular files in folder matching patterns."""
+    digests = {}
+    if not patterns or not os.path.isdir(folder):
+        return digests
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if any(fnmatch.fnmatch(name, p) for p in patterns) and os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as handle:
+                digests[name] = hashlib.sha256(handle.read()).hexdigest()
+    return digests
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "spans": {"type": "list", "elements": "str", "default": []},
+            "users": {"type": "list", "elements": "str", "default": []},
+            "groups": {"type": "list", "elements": "str", "default": []},
+            "paths": {"type": "list", "elements": "path", "default": []},
+            "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
+            "unit_patterns": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    rc, version, err = module.run_command([module.get_bin_path("systemctl", required=True), "--version"],
+                                          environ_update=LANG_C)
+    if rc != 0:
+        module.fail_json(msg="systemctl --version failed: %s" % err.strip(), rc=rc)
+    # One call per span: systemd-analyze stops at the first span it rejects.
+    analyze = module.get_bin_path("systemd-analyze", required=bool(module.params["spans"]))
+    rejected = [span for span in dict.fromkeys(module.params["spans"])
+                if module.run_command([analyze, "timespan", "--", span], environ_update=LANG_C)[0] != 0]
+    module.exit_json(
+        changed=False,
+        systemctl_version=version,
+        rejected_spans=rejected,
+        users=lookup(module, "passwd", list(dict.fromkeys(module.params["users"]))),
+        groups=lookup(module, "group", list(dict.fromkeys(module.params["groups"]))),
+        missing_paths=[path for path in module.params["paths"] if not os.path.exists(path)],
+        units=unit_digests(module.params["unit_dir"], module.params["unit_patterns"]),
+    )
+
+
+if __name__ == "__main__":
+    main()
