@@ -124,6 +124,20 @@ def timestamp_of(iso_text):
     return datetime.fromisoformat(iso_text.replace("Z", "+00:00")).timestamp()
 
 
+# systemd's "Main process exited" (consumer_runs.PROCESS_EXITED)
+PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
+
+
+def exits(host, unit):
+    """{invocation: when systemd saw its main process exit} of unit's runs, by
+    systemd's own clock (journald may receive the message later)."""
+    out = host.check_output("journalctl --no-pager -o json --output-fields=INVOCATION_ID,_SOURCE_REALTIME_TIMESTAMP "
+                            "UNIT=%s MESSAGE_ID=%s", unit, PROCESS_EXITED)
+    entries = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return {e["INVOCATION_ID"]: int(e.get("_SOURCE_REALTIME_TIMESTAMP", e["__REALTIME_TIMESTAMP"])) / 1e6
+            for e in entries if "INVOCATION_ID" in e}
+
+
 def host_state(host):
     """What a deploy may change on a host: unit files with their content,
     symlinks, the consumer account and whether each timer is active (not its

@@ -7,11 +7,9 @@ own records."""
 import json
 import time
 
-from testlib import consumer_series, consumer_spec, finished, journal, runs, scrape, wait_for
+from testlib import consumer_series, consumer_spec, exits, finished, journal, runs, scrape, wait_for
 
 RECORD = "/var/log/batchq-hooks.jsonl"
-# systemd's "Main process exited" (consumer_runs.PROCESS_EXITED)
-PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
 # "the first failure after a success notifies within a few seconds": well
 # under one on a quiet host; 5-6 s seen with a load average of 45 on 2 cores
 FEW_SECONDS = 10.0
@@ -19,16 +17,6 @@ FEW_SECONDS = 10.0
 
 def span(name):
     return float(consumer_spec(name)["on_failure_every"].rstrip("s"))
-
-
-def exits(host, unit):
-    """{invocation: when systemd saw its main process exit} of unit's runs, by
-    systemd's own clock (journald may receive the message later)."""
-    out = host.check_output("journalctl --no-pager -o json --output-fields=INVOCATION_ID,_SOURCE_REALTIME_TIMESTAMP "
-                            "UNIT=%s MESSAGE_ID=%s", unit, PROCESS_EXITED)
-    entries = [json.loads(line) for line in out.splitlines() if line.strip()]
-    return {e["INVOCATION_ID"]: int(e.get("_SOURCE_REALTIME_TIMESTAMP", e["__REALTIME_TIMESTAMP"])) / 1e6
-            for e in entries if "INVOCATION_ID" in e}
 
 
 def hooks(host, consumer, event="on-failure"):
@@ -49,8 +37,8 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
     # later notification covers the crashes since the one told before
     assert (positions[0], counts[0]) == (0, 1), (positions, counts)
     assert counts[1:] == [b - a for a, b in zip(positions, positions[1:])], (positions, counts)
-    # crasher crashes about every second: a real storm (fewer on a loaded CI machine)
-    assert min(counts[1:]) >= 2, counts
+    # a storm: fewer notifications than crashes (one per period, not per crash)
+    assert len(counts) < sum(counts), counts
     # each told crash is the first to end every seconds after the one told
     # before: the period runs between the crashes' ends as systemd recorded
     # them ("Main process exited", by invocation)
@@ -76,7 +64,7 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
     since = time.time()
     wait_for(lambda: len([r for r in runs(host, "exit3") if r["start"] > since]) >= 6, 120, "six runs of exit3")
     until = time.time()
-    # interval 1s after each run, like healthy: a hook in the way would slow exit3 down
+    # the same interval after each run as healthy: a hook in the way would slow exit3 down
     exit3, healthy = ([r for r in runs(host, name) if since < r["start"] <= until] for name in ("exit3", "healthy"))
     assert len(exit3) >= 0.8 * len(healthy), (len(exit3), len(healthy))
     assert all(r["status"] == 3 for r in finished(runs(host, "exit3")))
@@ -88,7 +76,7 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
     wait_for(lambda: [line for line in host.run(
         "journalctl --no-pager -o cat -u 'batchq-hang.on-failure.*'").stdout.splitlines()
         if "Failed with result 'exit-code'" in line], 30, "a failed hook of hang")
-    # hang times out every 3 s + 1 s interval, its hook failing each time: it goes on
+    # hang times out every 3 s, then waits its interval, its hook failing each time: it goes on
     wait_for(lambda: [r for r in runs(host, "hang") if r["start"] > since][2:], 60,
              "three runs of hang%s" % journal(host, "hang"))
 

@@ -4,7 +4,7 @@ records and systemd's: a success, exit 3, a signal and a timeout."""
 
 import time
 
-from testlib import consumer_series, finished, journal, runs, scrape, wait_for
+from testlib import consumer_series, finished, journal, runs, scenario_vars, scrape, wait_for
 
 
 def counted(total):
@@ -43,7 +43,7 @@ def test_a_healthy_consumer_reports_each_success_with_its_own_times(host):
     assert one(series, "healthy", "last_run_success") == 1
     assert one(series, "healthy", "last_exit_status") == 0
     assert one(series, "healthy", "consecutive_failures") == 0
-    assert one(series, "healthy", "interval_seconds") == 1
+    assert one(series, "healthy", "interval_seconds") == float(scenario_vars()["consumer_defaults"]["interval"].rstrip("s"))
     assert one(series, "healthy", "timeout_seconds") == 3600  # the role's default, 1h
 
 
