@@ -30,7 +30,10 @@ def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
         # (the role writes each word of the command quoted)
         assert '"--tag" "reloaded"' in host.file("/etc/systemd/system/batchq-fresh.service").content_string, \
             failed.output[-4000:]
-        assert show(host, "batchq-fresh.service", "NeedDaemonReload")["NeedDaemonReload"] == "yes"
+        # the manager's own "Reloading" lines say who reloaded it meanwhile, if anyone did
+        reloads = host.run("journalctl --no-pager -o short-precise -n 20 _PID=1 --grep='Reload'").stdout
+        assert show(host, "batchq-fresh.service", "NeedDaemonReload")["NeedDaemonReload"] == "yes", (
+            host.backend.get_hostname(), reloads, failed.output[-4000:])
     again = deploy(consumers(**TAGGED))
     assert_deployed(again)
     assert "changed=0" not in again.output, "the second deploy saw nothing to do"
