@@ -122,9 +122,11 @@ consumers:
       description:
         - The latest finished run, the one of the service's current invocation ID; null when the
           consumer never finished a run.
-        - A run that failed before its process started (a missing environment file, result
-          C(resources)) has no C(exit_code) and C(exit_status), and its C(started) and C(finished)
-          are those of its start job.
+        - A run that failed before its process started (result C(resources), such as a missing
+          mandatory C(EnvironmentFile=)) has no C(exit_code) and C(exit_status), and its C(started)
+          and C(finished) are those of its start job. The role's units check their environment file
+          in C(ExecStartPre=) instead: a run without it fails with C(exit-code), the check's exit
+          status 1 and the line that names the file in its log.
       type: dict
       contains:
         invocation_id:

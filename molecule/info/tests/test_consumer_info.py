@@ -244,9 +244,13 @@ def test_start_that_fails_before_exec_is_reported_alone(host):
     explain = "%s%s" % (report, journal(host, "envfile"))
     last = report["last_run"]
     assert last is not None, explain
-    assert truth["Result"] == "resources", explain
+    # the role's units check their environment file in ExecStartPre= (systemd
+    # itself would fail the run with result "resources" and say nothing more)
+    assert truth["Result"] == "exit-code", explain
     assert last["invocation_id"] == truth["InvocationID"] != good["invocation"], explain
-    assert last["result"] == "resources" and last["exit_code"] is None and last["exit_status"] is None, explain
+    # systemd: "Control process exited, code=exited, status=1/FAILURE"
+    assert (last["result"], last["exit_code"], last["exit_status"]) == ("exit-code", "exited", 1), explain
+    assert last["log"] == ["batchq: environment file /etc/batchq-test/envfile.env is missing; this run fails"], explain
     # nothing of the run before: it ended when systemd gave up, not when the probe ended
     assert abs(timestamp_of(last["finished"]) - timestamp(truth["StateChangeTimestamp"])) < 1.0, explain
     assert last["started"] is None or timestamp_of(last["started"]) > good["end"], explain
