@@ -278,10 +278,13 @@ def test_a_batch_stopped_by_systemd_commits_and_succeeds():
     host(name).check_output("systemctl start --no-block %s", unit)
     batch = wait_for(lambda: in_flight(name), 60, "a batch in flight on %s" % name, interval=0.1)[0]
     host(name).check_output("systemctl stop %s", unit)
-    state = show(host(name), unit, "Result", "ExecMainCode", "ExecMainStatus", "ActiveState")
+    state = show(host(name), unit, "Result", "ActiveState")
     # the runner ends with the backlog_exit_code (75) the batch said: a success
-    # (SuccessExitStatus=), and no hand-over while the timer is stopped
-    assert state == {"Result": "success", "ExecMainCode": "1", "ExecMainStatus": "75", "ActiveState": "inactive"}, state
+    # (SuccessExitStatus=), and no hand-over while the timer is stopped. systemd
+    # keeps no exit status of a main process that ends during a stop with one
+    # of its success statuses (ExecMainCode=0, no "Main process exited" line, seen
+    # on 247 and 252); tests/pgqueue checks the runner's 75 itself.
+    assert state == {"Result": "success", "ActiveState": "inactive"}, state
     # the run's batches, the last of them cut short
     run = batch["batch"].rsplit("#", 1)[0] + "#"
     ours = sorted((b for b in batches(name).values() if b["batch"].startswith(run)), key=lambda b: b["claimed"])
