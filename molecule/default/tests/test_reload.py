@@ -13,7 +13,9 @@ BROKEN_RELOAD = """cat >/usr/local/sbin/systemctl <<'EOF'
 exec /bin/systemctl "$@"
 EOF
 chmod 755 /usr/local/sbin/systemctl"""
-TAGGED = {"fresh": {"command": "/usr/local/bin/batchq-probe run --tag reloaded"}}
+# serial runs every second: its service stays loaded, so only a reload can
+# make systemd read the new file (a unit that is not loaded is read afresh).
+TAGGED = {"serial": {"command": "/usr/local/bin/batchq-probe run --sleep 3 --tag reloaded"}}
 
 
 def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
@@ -28,16 +30,16 @@ def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
     for host in hosts:
         # the new file is in place, systemd still runs the old one
         # (the role writes each word of the command quoted)
-        assert '"--tag" "reloaded"' in host.file("/etc/systemd/system/batchq-fresh.service").content_string, \
+        assert '"--tag" "reloaded"' in host.file("/etc/systemd/system/batchq-serial.service").content_string, \
             failed.output[-4000:]
         # the manager's own "Reloading" lines say who reloaded it meanwhile, if anyone did
         reloads = host.run("journalctl --no-pager -o short-precise -n 20 _PID=1 --grep='Reload'").stdout
-        assert show(host, "batchq-fresh.service", "NeedDaemonReload")["NeedDaemonReload"] == "yes", (
+        assert show(host, "batchq-serial.service", "NeedDaemonReload")["NeedDaemonReload"] == "yes", (
             host.backend.get_hostname(), reloads, failed.output[-4000:])
     again = deploy(consumers(**TAGGED))
     assert_deployed(again)
     assert "changed=0" not in again.output, "the second deploy saw nothing to do"
     for host in hosts:
-        state = show(host, "batchq-fresh.service", "NeedDaemonReload", "ExecStart")
+        state = show(host, "batchq-serial.service", "NeedDaemonReload", "ExecStart")
         assert state["NeedDaemonReload"] == "no" and "--tag reloaded" in state["ExecStart"], state
     assert_deployed(deploy())  # back to the scenario's own definitions
