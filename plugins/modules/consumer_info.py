@@ -125,7 +125,7 @@ consumers:
         - A run that failed before its process started (result C(resources), such as a missing
           mandatory C(EnvironmentFile=)) has no C(exit_code) and C(exit_status), and its C(started)
           and C(finished) are those of its start job. The role's units check their environment file
-          in C(ExecStartPre=) instead: a run without it fails with C(exit-code), the check's exit
+          in C(ExecStartPre=) instead, so a run without it fails with C(exit-code), the check's exit
           status 1 and the line that names the file in its log.
       type: dict
       contains:
