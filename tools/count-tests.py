@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Counts the tests of every part of `make test` (tools/matrix.sh) without
 running one: pytest collects each part, the molecule scenarios against an
 inventory of their own platforms (testinfra makes a test per host).
@@ -36,9 +35,10 @@ def platforms(scenario):
 
 
 def collect(argv, env=None):
+    # the venv's own ansible-inventory, which testinfra runs
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"] + argv,
-                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=COLLECTIONS, PATH=os.path.dirname(sys.executable) + os.pathsep
-                                                     + os.environ["PATH"], **(env or {})),
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=COLLECTIONS, PATH=path, **(env or {})),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False).stdout
     found = re.search(r"(\d+) tests? collected", out)
     if not found:
