@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# What a deploy that changes nothing costs: 50 consumers re-deployed to hosts
+# What a deploy that changes nothing costs: 51 consumers (one a drain) re-deployed to hosts
 # that already have them, on 1 and on 4 Debian 12 hosts.
 # Usage: make collection images && benchmarks/deploy.sh [ROUNDS]
-# Prints the remote module runs per host (the EXEC lines of -vvv: each is one
-# round trip that runs Python on the host), then for each round the wall time
+# Prints the remote runs per host (the EXEC lines of -vvv: each is one
+# round trip that runs Python on the host: the modules and Ansible's interpreter
+# discovery), then for each round the wall time
 # and the controller's CPU time (user + system, ansible-playbook and its
 # children) on 1 and on 4 hosts, and the medians: the CPU per extra host is
 # (CPU on 4 - CPU on 1) / 3. Pipelining on, as users run over SSH.
@@ -48,7 +49,7 @@ deploy "$work/one.yml" -vvv >"$work/counted.log"
 grep -q "changed=0 " "$work/counted.log" || { echo "the re-deploy changed something:" >&2; tail -20 "$work/counted.log" >&2; exit 1; }
 [ -z "${BATCHQ_BENCH_LOG:-}" ] || cp "$work/counted.log" "$BATCHQ_BENCH_LOG"
 runs=$(grep -c "^<${hosts[0]}> EXEC " "$work/counted.log")
-echo "module runs per host for a no-change re-deploy of 51 consumers: $runs"
+echo "remote runs per host (module runs and Ansible's interpreter discovery) for a no-change re-deploy of 51 consumers: $runs"
 
 measure() {  # INVENTORY: prints "WALL CPU" of a no-change re-deploy, in seconds
   local TIMEFORMAT='%R %U %S'

@@ -6,13 +6,16 @@ whether the files changed."""
 from testlib import assert_deployed, consumers, deploy, show
 
 # Fails daemon-reload as a lost connection or a broken reload would; hands
-# every other call to the real systemctl.
-BROKEN_RELOAD = """cat >/usr/local/sbin/systemctl <<'EOF'
+# every other call to the real systemctl (/usr/bin/systemctl). In /usr/sbin,
+# which comes before /usr/bin in every PATH a module gets here: Debian
+# testing's sudo has no /usr/local/sbin in its secure_path.
+WRAPPER = "/usr/sbin/systemctl"
+BROKEN_RELOAD = """cat >%s <<'EOF'
 #!/bin/sh
 [ "$1" = daemon-reload ] && { echo 'Failed to reload daemon: Connection timed out' >&2; exit 1; }
-exec /bin/systemctl "$@"
+exec /usr/bin/systemctl "$@"
 EOF
-chmod 755 /usr/local/sbin/systemctl"""
+chmod 755 %s""" % (WRAPPER, WRAPPER)
 # serial runs every second: its service stays loaded, so only a reload can
 # make systemd read the new file (a unit that is not loaded is read afresh).
 TAGGED = {"serial": {"command": "/usr/local/bin/batchq-probe run --sleep 3 --tag reloaded"}}
@@ -25,8 +28,12 @@ def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
         failed = deploy(consumers(**TAGGED))
     finally:
         for host in hosts:
-            host.check_output("rm -f /usr/local/sbin/systemctl")
+            host.check_output("rm -f %s", WRAPPER)
     assert failed.returncode != 0, failed.output
+    # every host's deploy failed at the reload, none got past it
+    stopped = {line.split("[", 1)[1].split("]", 1)[0] for line in failed.output.splitlines()
+               if line.startswith("fatal: [") and "Failed to reload daemon: Connection timed out" in line}
+    assert stopped == {host.backend.get_hostname() for host in hosts}, failed.output[-4000:]
     for host in hosts:
         # the new file is in place, systemd still runs the old one
         # (the role writes each word of the command quoted)
