@@ -87,7 +87,8 @@ options:
       mode:
         description:
           - Permissions of a V(directory) or V(file), octal (V("0644")), or rights to add to those it
-            has (V(a+rx), V(u+w)), which never takes a right away from a folder others share.
+            has (V(a+rx), V(u+w)), which never takes a right away from a folder others share. A new
+            folder starts from the umask's rights, a new file from C(0600).
         type: str
   secret_files:
     description:

@@ -11,7 +11,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: consumer_preflight
 short_description: Ask a host what its consumers need, in one round trip, changing nothing
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Used by the C(batchq.consumers.consumer) role before it changes a host. One call reads the
     host's systemd version, checks time spans with C(systemd-analyze timespan), looks up

@@ -104,8 +104,9 @@ options:
     default: []
   find:
     description:
-      - Folders to list after the units are written and the timers switched, as
-        C(ansible.builtin.find) would, without a round trip of its own; RV(found) has the result.
+      - Folders to list after the units are written and the timers switched, without a round trip
+        of its own; RV(found) has the result. Like C(ansible.builtin.find) with C(file_type=any) and
+        C(hidden=true), links are listed and never followed.
     type: list
     elements: dict
     default: []
@@ -175,7 +176,7 @@ stopped:
   sample: []
 reloaded:
   description:
-    - Unit files in O(units) that were already in place but that systemd had not loaded yet
+    - Unit files in O(units) or O(unchanged) that were already in place but that systemd had not loaded yet
       (C(NeedDaemonReload=yes), as when an earlier C(daemon-reload) failed or its connection
       dropped after the files were moved in). They are reloaded, and a drain running under the old
       definition ends after its batch in flight, as for RV(written).
