@@ -49,6 +49,29 @@ def test_pause_keeps_units_and_the_running_batch_and_resume_restarts(hosts):
                  30, "the serial timer to be active again")
 
 
+def test_a_change_of_shape_starts_the_new_timers_only_after_the_old_shape_batch(hosts):
+    """One instance to two while a batch runs: batchq-long@1 and @2 must not
+    run beside the batch of batchq-long, so their timers wait until it ends."""
+    start_held_batch(hosts, "v1")
+    process = deploy(consumers(long={"instances": 2}), background=True)
+    # the deploy waits for the batch of the old shape
+    with pytest.raises(AssertionError):
+        wait_for(lambda: process.poll() is not None, 10, "the deploy to end")
+    assert_running(hosts)
+    new_timers = ["batchq-long@1.timer", "batchq-long@2.timer", "batchq-long.1.start.timer", "batchq-long.2.start.timer"]
+    for host in hosts:
+        states = {unit: show(host, unit, "ActiveState")["ActiveState"] for unit in new_timers}
+        assert set(states.values()) == {"inactive"}, (states, journal(host, "long"))
+    release_batch(hosts, "v1")
+    process.output = process.communicate(timeout=300)[0]
+    assert_deployed(process)
+    for host in hosts:
+        # start_delay is 1h: each instance's start is scheduled now
+        for starter in ("batchq-long.1.start.timer", "batchq-long.2.start.timer"):
+            assert show(host, starter, "ActiveState")["ActiveState"] == "active", journal(host, "long")
+    assert_deployed(deploy())  # back to one instance for the tests that follow
+
+
 def test_absent_waits_for_the_batch_then_leaves_nothing_behind(hosts):
     for host in hosts:
         host.check_output("mkdir -p %s/batchq-long.service.d && echo '[Service]' > %s/batchq-long.service.d/x.conf",
