@@ -82,7 +82,10 @@ def test_mean_duration_matches_the_consumer_own_timing(host, driven):
     report = consumer_info(host, history=20)["consumers"]["ok"]
     own = finished(runs(host, "ok"))
     mean = sum(r["end"] - r["start"] for r in own) / len(own)
-    assert report["summary"]["mean_duration_s"] == pytest.approx(mean, abs=0.5)
+    # a run is the probe's own time and the unit's start and stop around it
+    # (the Python probe's start, the ExecStopPost= metrics writer): seconds
+    # more on a loaded 2-core machine, never less
+    assert mean - 0.05 <= report["summary"]["mean_duration_s"] <= mean + 2.0, (report["summary"], mean)
     assert report["summary"]["success_rate"] == 1.0
 
 
