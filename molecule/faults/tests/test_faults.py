@@ -90,9 +90,10 @@ def test_a_batch_that_ignores_sigterm_is_killed_stop_timeout_after_its_timeout(h
                for r in ignored), history
     kill_times = kill_delays(host, "stubborn", ignored)
     expected = timeout + stop_timeout
-    # well after the timeout alone (2 s); the run's start is the manager's
-    # record of it, which may come a little after the timeout began to count
-    assert len(kill_times) >= 2 and all(expected - 1.0 <= t <= expected + 2.5 for t in kill_times), (
+    # well after the timeout alone (2 s), and far from systemd's default stop
+    # timeout (90 s): the run's start is the manager's record of it, which may
+    # come a little after the timeout began to count; a loaded manager kills late
+    assert len(kill_times) >= 2 and all(expected - 1.0 <= t <= expected + 4.0 for t in kill_times), (
         sorted(kill_times), journal(host, "stubborn"))
     figure("%s SIGTERM ignored: SIGKILL after %.2f-%.2fs (timeout %gs + stop_timeout %gs)" % (
         host.backend.get_hostname(), min(kill_times), max(kill_times), timeout, stop_timeout))
