@@ -9,13 +9,14 @@ from testlib import journal, wait_for
 
 
 def test_the_hook_of_a_failed_drain_has_that_batchs_lines_only(host):
-    failed = wait_for(lambda: [b for b in batches(host, "fails-exit") if "failing" in b], 10,
-                      "the failed batch of fails-exit (test_drain)")[-1]
     notes = wait_for(lambda: [n for n in map(json.loads, host.run(
         "cat /var/log/batchq-hooks.jsonl 2>/dev/null || true").stdout.splitlines())
         if n["BATCHQ_CONSUMER"] == "fails-exit"], 30, "the hook of fails-exit")
     note = notes[-1]
-    assert note["BATCHQ_INVOCATION_ID"] == failed["invocation"], (note, failed)
+    # fails-exit fails run after run: the hook told of one run, and that run had a failing batch
+    failed = wait_for(lambda: [b for b in batches(host, "fails-exit")
+                               if "failing" in b and b["invocation"] == note["BATCHQ_INVOCATION_ID"]], 10,
+                      "the failed batch of the run the hook told of")[-1]
     assert (note["BATCHQ_RESULT"], note["BATCHQ_EXIT_CODE"], note["BATCHQ_EXIT_STATUS"]) == ("exit-code", "exited", "1")
     same_run = [b for b in batches(host, "fails-exit") if b["invocation"] == failed["invocation"]]
     assert len(same_run) > 1, "the failure came first in its run: nothing to tell apart"
