@@ -33,3 +33,28 @@ def test_a_hand_over_after_many_short_runs_goes_on_at_once(host):
     assert second[0]["start"] - first[-1]["end"] < 2.0 + MARGIN, journal(host, "quick")
     refused = host.run("journalctl --no-pager -o cat -u %s", continuation).stdout
     assert "too quickly" not in refused, refused
+
+
+def test_a_drain_begun_before_its_timer_started_is_handed_over_at_once(host):
+    # Just resumed or deployed: the timer is stopped and its start scheduled start_delay later
+    # (the transient <unit>.start.timer, as consumer_units makes it), and `run` began a drain.
+    if systemd_version(host) < 250:
+        pytest.skip("no OnSuccess= continuation below systemd 250 (test_drain covers what happens instead)")
+    unit = "batchq-quick.service"
+    host.check_output("systemctl stop batchq-quick.timer")
+    host.check_output("systemd-run --quiet --unit=batchq-quick.start --on-active=10min --collect "
+                      "--timer-property=RemainAfterElapse=no systemctl start batchq-quick.timer")
+    try:
+        before = len(batches(host, "quick"))
+        fill(host, "quick", 30)
+        kick(host, unit)
+        wait_for(lambda: len(batches(host, "quick")) >= before + 2, 30, "two batches of quick")
+        host.check_output("systemctl kill --kill-who=main --signal=USR1 %s", unit)
+        wait_for(lambda: left(host, "quick") == 0 and idle(host, unit), 60,
+                 "quick to go on at once and drain the rest, its start 10 min away")
+        drained = batches(host, "quick")[before:]
+        assert len({b["invocation"] for b in drained}) == 2, \
+            "the drain did not hand over to a second run%s" % journal(host, "quick")
+    finally:
+        host.run("systemctl stop batchq-quick.start.timer")
+        host.check_output("systemctl start batchq-quick.timer")
