@@ -14,7 +14,7 @@
 #             batch, each a fresh process with a fresh connection;
 #   daemon:   `batchq-pgqueue --loop` in a transient service (systemd-run, no
 #             sandbox): one process and one connection for the whole drain.
-# Each run ends when a batch finds less than a full batch; its drain time is
+# Each run ends when a batch leaves no due job behind; its drain time is
 # from the start (the database's clock) to the last job marked done
 # (clock_timestamp() of its UPDATE). Rounds interleave the variants.
 set -euo pipefail

@@ -1,30 +1,77 @@
 -- The job table of the reference consumer (batchq-pgqueue). Applied by
--- database.yml; safe to apply again.
+-- database.yml; safe to apply again while consumers run: it changes only
+-- what is missing, and upgrades a table of the first version in place.
+-- A change waits at most 10 s for the consumers' row locks, then fails
+-- (apply it again), rather than holding every claim up behind it.
+SET lock_timeout = '10s';
+
 CREATE TABLE IF NOT EXISTS batchq_jobs (
     id          bigserial PRIMARY KEY,
     queue       text NOT NULL DEFAULT 'default',
     payload     jsonb NOT NULL,
-    state       text NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'done', 'dead')),
-    -- failed attempts; a batch that dies rolls back and counts none
+    -- queued -> running (claimed by a batch) -> done, or back to queued after
+    -- a failed attempt, or dead after the last one
+    state       text NOT NULL DEFAULT 'queued'
+                CONSTRAINT batchq_jobs_state_check CHECK (state IN ('queued', 'running', 'done', 'dead')),
+    -- attempts, each counted when a batch claims the job, in a commit of its
+    -- own: a batch that dies has used its attempts too
     attempts    integer NOT NULL DEFAULT 0,
     last_error  text,
     enqueued_at timestamptz NOT NULL DEFAULT now(),
+    -- when the job is due: now, or after the backoff of a failed attempt
+    run_at      timestamptz NOT NULL DEFAULT now(),
+    -- the batch (host/consumer@instance/invocation#batch) that holds it while
+    -- running, and since when; the batch's transaction holds its row lock
+    claimed_by  text,
+    claimed_at  timestamptz,
     done_at     timestamptz,
-    -- host/consumer@instance/invocation#batch of the batch that did it
+    -- the batch that did it
     done_by     text
 );
 
--- Consumers take the oldest queued jobs of their queue: only those are indexed.
-CREATE INDEX IF NOT EXISTS batchq_jobs_queued ON batchq_jobs (queue, id) WHERE state = 'queued';
+-- The upgrade from the first version (states queued, done and dead only, no
+-- run_at nor claims), in one statement, only where it is missing.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'batchq_jobs'::regclass AND attname = 'run_at'
+                   AND NOT attisdropped) THEN
+        ALTER TABLE batchq_jobs
+            ADD COLUMN run_at timestamptz NOT NULL DEFAULT now(),
+            ADD COLUMN claimed_by text,
+            ADD COLUMN claimed_at timestamptz,
+            DROP CONSTRAINT IF EXISTS batchq_jobs_state_check,
+            ADD CONSTRAINT batchq_jobs_state_check CHECK (state IN ('queued', 'running', 'done', 'dead'));
+        DROP INDEX IF EXISTS batchq_jobs_queued;
+        RAISE NOTICE 'batchq_jobs upgraded: run_at, claimed_by, claimed_at, state running';
+    END IF;
+END $$;
 
--- What processing a job produces. Written in the transaction that claims the
--- job and marks it done, so it is applied exactly once. No unique key on
--- job_id on purpose: a result applied twice would show as a second row (the
--- fleet test counts them); a table of your own may well have one.
+-- A claim takes the due jobs of its queue in order, and jobs still running
+-- whose batch is gone: only those two sets are indexed. (CREATE INDEX IF NOT
+-- EXISTS would wait for the table's lock even when the index is there.)
+DO $$
+BEGIN
+    IF to_regclass('batchq_jobs_due') IS NULL THEN
+        CREATE INDEX batchq_jobs_due ON batchq_jobs (queue, run_at, id) WHERE state = 'queued';
+    END IF;
+    IF to_regclass('batchq_jobs_running') IS NULL THEN
+        CREATE INDEX batchq_jobs_running ON batchq_jobs (queue, claimed_at) WHERE state = 'running';
+    END IF;
+END $$;
+
+-- What processing a job produces. Written in the transaction that holds the
+-- job's lock and marks it done, so it is applied exactly once. No unique key
+-- on job_id on purpose: a result applied twice would show as a second row
+-- (the fleet test counts them); a table of your own may well have one.
 CREATE TABLE IF NOT EXISTS batchq_results (
     job_id     bigint NOT NULL REFERENCES batchq_jobs (id),
     result     text NOT NULL,
     applied_by text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX IF NOT EXISTS batchq_results_job ON batchq_results (job_id);
+DO $$
+BEGIN
+    IF to_regclass('batchq_results_job') IS NULL THEN
+        CREATE INDEX batchq_results_job ON batchq_results (job_id);
+    END IF;
+END $$;

@@ -8,16 +8,35 @@ consumer's own records.
 import json
 import time
 
-from conftest import sql, states, wait_for
+from conftest import DATABASE, EXAMPLE, docker, sql, states, wait_for
 
-# The example's server-side bound on one job's work (batchq-pgqueue's connection options).
+# The example's server-side bound on a batch's pauses (batchq-pgqueue's connection options).
 IDLE_IN_TRANSACTION_S = 60
+# batchq-pgqueue's CLAIM_GRACE: a running job whose batch is gone is taken back this long after its claim.
+CLAIM_GRACE_S = 10
 
 
 def enqueue(client, queue, count, failing=0):
     code, output = client.run("batchq-pgqueue-enqueue", str(count), "--queue", queue, "--failing", str(failing))
     assert code == 0, output
     assert states(queue) == {"queued": count}
+
+
+def jobs(queue):
+    """(n, state, attempts) of each job of queue, by n."""
+    rows = sql("SELECT payload->>'n', state, attempts FROM batchq_jobs WHERE queue = '%s' ORDER BY id" % queue)
+    return [(int(n) if n else None, state, int(attempts))
+            for n, state, attempts in (line.split("|") for line in rows.splitlines())]
+
+
+def job_id(queue, n):
+    return sql("SELECT id FROM batchq_jobs WHERE queue = '%s' AND payload->>'n' = '%d'" % (queue, n))
+
+
+def results(queue):
+    """The number of results applied for the jobs of queue."""
+    return int(sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
+                   "WHERE j.queue = '%s'" % queue))
 
 
 def claimed(client, state):
@@ -27,7 +46,7 @@ def claimed(client, state):
 def test_enqueue_and_stats(client, queue):
     code, output = client.run("batchq-pgqueue-enqueue", "7", "--queue", queue, "--failing", "2")
     assert code == 0, output
-    assert output.strip() == "enqueued 7 jobs on queue %s (2 failing)" % queue
+    assert output.strip() == "enqueued 7 jobs on queue %s (2 failing, 0 crashing, 0 raising)" % queue
     assert sql("SELECT count(*) FILTER (WHERE (payload->>'fail')::boolean), count(*) FROM batchq_jobs "
                "WHERE queue = '%s'" % queue) == "2|7"
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "5", "--max-attempts", "1")
@@ -50,16 +69,19 @@ def test_a_batch_whose_work_outlasts_the_idle_in_transaction_timeout_commits(cli
                "WHERE j.queue = '%s'" % queue) == str(jobs)
 
 
-def test_a_hung_job_is_still_ended_by_the_server(client, queue):
-    # PGOPTIONS, as a consumer's environment sets it, comes after the consumer's own options.
-    enqueue(client, queue, 1)
+def test_a_job_that_outlasts_its_job_timeout_fails_alone(client, queue):
+    # PGOPTIONS, as a consumer's environment sets it, comes after the consumer's own options: the batch
+    # speaks while a job works, so the server does not end it even past its idle-in-transaction timeout.
+    enqueue(client, queue, 3)
+    sql("UPDATE batchq_jobs SET payload = payload || '{\"sleep\": 6}' WHERE queue = '%s' AND payload->>'n' = '2'"
+        % queue)
     began = time.monotonic()
-    code, output = client.run("batchq-pgqueue", "--queue", queue, "--work-ms", "6000", state="/tmp/" + queue,
-                              env={"PGOPTIONS": "-c idle_in_transaction_session_timeout=2s"})
-    assert code == 1 and "batch rolled back" in output, output
-    assert time.monotonic() - began >= 6, "ended before the job's work did"
-    assert states(queue) == {"queued": 1}
-    assert sql("SELECT attempts FROM batchq_jobs WHERE queue = '%s'" % queue) == "0"
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--job-timeout", "4", "--work-ms", "10",
+                              state="/tmp/" + queue, env={"PGOPTIONS": "-c idle_in_transaction_session_timeout=2s"})
+    assert code == 0, output
+    assert 4 <= time.monotonic() - began < 6, "not ended by --job-timeout"
+    assert jobs(queue) == [(1, "done", 1), (2, "queued", 1), (3, "done", 1)]
+    assert "job %s failed, attempt 1 of 25: its work outlasted --job-timeout (4s)" % job_id(queue, 2) in output, output
 
 
 def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
@@ -72,6 +94,11 @@ def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
     end = client.records("/tmp/" + queue)[-1]
     wanted = ("end", "committed", got["done"], got["queued"])
     assert (end["event"], end["outcome"], end["done"], end["left"]) == wanted, end
+
+
+def kill_batch(client, state):
+    """SIGKILL to a batch started by client.start and to the child doing its work."""
+    client.shell("kill -KILL $(cat {0}/pid) $(ps -o pid= --ppid $(cat {0}/pid))".format(state))
 
 
 def wait_claimed(client, queue):
@@ -96,6 +123,9 @@ def test_sigterm_commits_what_is_done_and_says_more_work_waits(client, queue):
     assert got.get("done", 0) == end["done"] and got.get("queued", 0) == end["left"] > 0, (got, end)
     assert sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
                "WHERE j.queue = '%s'" % queue) == str(end["done"])
+    # the jobs it did not begin are due again with their attempt given back
+    assert sql("SELECT count(*) FROM batchq_jobs WHERE queue = '%s' AND state = 'queued' AND attempts = 0 "
+               "AND run_at <= now()" % queue) == str(end["left"])
 
 
 def test_a_drain_stopped_in_a_batch_ends_as_a_success(client, queue):
@@ -129,12 +159,179 @@ def test_the_records_stay_bounded(client, queue):
                                   state=state)
         assert code in (0, 75), output
     assert states(queue) == {"done": 400}
-    sizes = client.shell("wc -c <%s/batches.jsonl.1; wc -c <%s/batches.jsonl; ls %s" % (state, state, state))
+    # the last line may have just filled batches.jsonl, which is then batches.jsonl.1 until the next one
+    sizes = client.shell("cd %s && wc -c <batches.jsonl.1 && (wc -c 2>/dev/null <batches.jsonl || echo 0) && ls"
+                         % state)
     older, newer = map(int, sizes.split()[:2])
-    assert sorted(sizes.split()[2:]) == ["batches.jsonl", "batches.jsonl.1"], sizes
+    assert set(sizes.split()[2:]) <= {"batches.jsonl", "batches.jsonl.1"} and "batches.jsonl.1" in sizes, sizes
     records = client.records(state)
     longest = max(len(json.dumps(r)) + 1 for r in records)
     assert older <= limit + longest and newer < limit, sizes
     # the newest records, in order and whole: the last batch's claim and end close them
     assert [r["event"] for r in records[-2:]] == ["claim", "end"] and records[-1]["batch"] == records[-2]["batch"]
     assert sum(len(r["ids"]) for r in records if r["event"] == "claim") < 400  # older ones were dropped
+
+
+def test_each_job_fails_alone_whatever_its_work_does(client, queue):
+    # A crash (SIGSEGV), a TypeError and a KeyError (a payload without "n"): each fails its
+    # own job, once per attempt, and the others of the batch commit.
+    code, output = client.run("batchq-pgqueue-enqueue", "8", "--queue", queue, "--crashing", "1", "--raising", "1")
+    assert code == 0, output
+    sql("UPDATE batchq_jobs SET payload = '{}' WHERE queue = '%s' AND payload->>'n' = '7'" % queue)
+    options = ("--queue", queue, "--max-attempts", "2", "--backoff-base", "0.2")
+    code, output = client.run("batchq-pgqueue", *options, state="/tmp/" + queue)
+    assert code == 0, output  # the failed jobs back off: none due at the commit
+    crashed, raised = (int(job_id(queue, n)) for n in (4, 5))
+    assert "job %d failed, attempt 1 of 2: its work's process was killed by SIGSEGV" % crashed in output, output
+    assert "job %d failed, attempt 1 of 2: TypeError: job payload asks to raise" % raised in output, output
+    assert "KeyError: 'n'" in output, output
+    assert [state for _n, state, _attempts in jobs(queue)] == ["done"] * 3 + ["queued"] * 2 + ["done", "queued", "done"]
+    # due again after the backoff: the second attempt is their last
+    wait_for(lambda: sql("SELECT bool_and(run_at <= now()) FROM batchq_jobs WHERE queue = '%s'" % queue) == "t", 5,
+             "the backoff to pass")
+    code, output = client.run("batchq-pgqueue", *options, state="/tmp/" + queue)
+    assert code == 1, output  # every job of this batch failed
+    assert "every job of the batch failed" in output, output
+    assert [(state, attempts) for _n, state, attempts in jobs(queue) if state != "done"] == [("dead", 2)] * 3
+    assert results(queue) == 5
+    assert sql("SELECT last_error FROM batchq_jobs WHERE id = %d" % crashed) == \
+        "its work's process was killed by SIGSEGV"
+
+
+def test_a_database_error_of_one_job_fails_that_job_only(client, queue):
+    # A real refusal by the server, as a constraint of your own tables would make: a trigger on the results.
+    sql("""CREATE OR REPLACE FUNCTION pg_temp_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF (SELECT payload ? 'refuse' FROM batchq_jobs WHERE id = NEW.job_id) THEN
+               RAISE EXCEPTION 'result of job % refused', NEW.job_id;
+             END IF;
+             RETURN NEW;
+           END $$;
+           CREATE OR REPLACE TRIGGER refuse BEFORE INSERT ON batchq_results FOR EACH ROW EXECUTE FUNCTION pg_temp_refuse();""")
+    enqueue(client, queue, 5)
+    sql("UPDATE batchq_jobs SET payload = payload || '{\"refuse\": true}' WHERE queue = '%s' AND payload->>'n' = '3'"
+        % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "1", state="/tmp/" + queue)
+    assert code == 0, output
+    assert jobs(queue) == [(1, "done", 1), (2, "done", 1), (3, "dead", 1), (4, "done", 1), (5, "done", 1)]
+    assert results(queue) == 4
+    refused = job_id(queue, 3)
+    assert sql("SELECT last_error FROM batchq_jobs WHERE id = %s" % refused).startswith(
+        "its result was refused: result of job %s refused" % refused)
+
+
+def test_an_outage_is_a_failed_run_and_backs_off(client, queue):
+    enqueue(client, queue, 20)
+    client.shell("touch /tmp/%s/down" % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "10", "--backoff-base", "30",
+                              "--fail-while", "/tmp/%s/down" % queue, state="/tmp/" + queue)
+    assert code == 1, output  # not the backlog exit: the next batch waits the interval
+    waits = sql("SELECT extract(epoch FROM run_at - claimed_at) FROM batchq_jobs WHERE queue = '%s' "
+                "AND state = 'queued' AND attempts = 1" % queue).split()
+    assert len(waits) == 10 and all(30 <= float(wait) <= 30 * 1.25 + 1 for wait in waits), waits
+    # the service is back: the due jobs drain, the others wait their backoff
+    client.shell("rm /tmp/%s/down" % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "10", "--fail-while",
+                              "/tmp/%s/down" % queue, state="/tmp/" + queue)
+    assert code == 0 and states(queue) == {"done": 10, "queued": 10}, output
+
+
+def test_the_default_backoff_outlasts_a_day_of_outage(client):
+    # from the consumer's own defaults, with no jitter (which only adds)
+    script = """import runpy
+c = runpy.run_path("/usr/local/bin/batchq-pgqueue", run_name="consumer")
+a = c["arguments"]([])
+print(a.max_attempts, sum(c["backoff_seconds"](n, a.backoff_base, a.backoff_max, 0) for n in range(1, a.max_attempts)))"""
+    attempts, waited = client.shell("python3 -c '%s'" % script).split()
+    assert int(attempts) == 25 and float(waited) >= 24 * 3600, (attempts, waited)
+
+
+def test_the_jobs_of_a_killed_batch_are_taken_again_within_seconds(client, queue):
+    # SIGKILL of the batch and its work: its claim's attempt is counted, nothing of it applied,
+    # and the next batch takes its jobs back once their lock is gone.
+    state = "/tmp/" + queue
+    enqueue(client, queue, 5)
+    batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--work-ms", "2000"], state + "/pid",
+                         state=state)
+    try:
+        wait_claimed(client, queue)
+        kill_batch(client, state)
+        batch.communicate(timeout=60)
+    finally:
+        batch.kill()
+    assert jobs(queue) == [(n, "running", 1) for n in range(1, 6)]
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
+    assert code == 0 and output.startswith("committed: 0 jobs claimed"), output  # not before CLAIM_GRACE
+    wait_for(lambda: client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)[1]
+             .startswith("committed: 5 jobs claimed"), CLAIM_GRACE_S + 10, "the killed batch's jobs to be taken back")
+    assert jobs(queue) == [(n, "done", 2) for n in range(1, 6)]
+    assert results(queue) == 5
+
+
+def test_a_job_that_kills_every_batch_ends_dead_after_its_attempts(client, queue):
+    state = "/tmp/" + queue
+    enqueue(client, queue, 1)
+    for attempt in (1, 2):
+        sql("UPDATE batchq_jobs SET claimed_at = claimed_at - interval '1 hour' WHERE queue = '%s'" % queue)
+        batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--max-attempts", "2",
+                              "--work-ms", "5000"], state + "/pid", state=state)
+        try:
+            wait_for(lambda: jobs(queue) == [(1, "running", attempt)], 30, "attempt %d's claim" % attempt)
+            kill_batch(client, state)
+            batch.communicate(timeout=60)
+        finally:
+            batch.kill()
+    # past the grace of its last claim, the next claim buries it instead of trying a third time
+    sql("UPDATE batchq_jobs SET claimed_at = claimed_at - interval '1 hour' WHERE queue = '%s'" % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
+    assert code == 0 and output.startswith("committed: 0 jobs claimed"), output
+    assert jobs(queue) == [(1, "dead", 2)]
+    assert sql("SELECT last_error FROM batchq_jobs WHERE queue = '%s'" % queue) == \
+        "its batch ended without finishing it, attempt 2 of 2"
+
+
+# The first version of schema.sql (as released before attempts were counted at claim), to upgrade.
+FIRST_SCHEMA = """
+CREATE TABLE IF NOT EXISTS batchq_jobs (
+    id          bigserial PRIMARY KEY,
+    queue       text NOT NULL DEFAULT 'default',
+    payload     jsonb NOT NULL,
+    state       text NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'done', 'dead')),
+    attempts    integer NOT NULL DEFAULT 0,
+    last_error  text,
+    enqueued_at timestamptz NOT NULL DEFAULT now(),
+    done_at     timestamptz,
+    done_by     text
+);
+CREATE INDEX IF NOT EXISTS batchq_jobs_queued ON batchq_jobs (queue, id) WHERE state = 'queued';
+CREATE TABLE IF NOT EXISTS batchq_results (
+    job_id     bigint NOT NULL REFERENCES batchq_jobs (id),
+    result     text NOT NULL,
+    applied_by text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS batchq_results_job ON batchq_results (job_id);
+"""
+
+
+def test_schema_sql_upgrades_a_table_of_the_first_version_in_place(client):
+    # In a schema of its own (the consumer finds it by search_path), as database.yml applies it.
+    schema = "first_" + client.driver
+    sql("DROP SCHEMA IF EXISTS %s CASCADE; CREATE SCHEMA %s AUTHORIZATION batchq" % (schema, schema))
+
+    def apply(text):
+        return docker("exec", "-i", DATABASE, "runuser", "-u", "postgres", "--", "psql", "-d", "batchq", "-X",
+                      "-v", "ON_ERROR_STOP=1", "-c", "SET ROLE batchq", "-c", "SET search_path = " + schema,
+                      "-f", "-", input=text).stdout
+
+    apply(FIRST_SCHEMA + "INSERT INTO batchq_jobs (payload) SELECT jsonb_build_object('n', n) "
+                         "FROM generate_series(1, 3) AS n;"
+                         "INSERT INTO batchq_jobs (payload, state, attempts) VALUES ('{\"n\": 4}', 'dead', 5);")
+    schema_sql = (EXAMPLE / "schema.sql").read_text()
+    assert "batchq_jobs upgraded" in apply(schema_sql)
+    assert "batchq_jobs upgraded" not in apply(schema_sql)  # once only
+    code, output = client.run("batchq-pgqueue", env={"PGOPTIONS": "-c search_path=" + schema})
+    assert code == 0, output
+    assert sql("SELECT string_agg(state || ':' || attempts, ',' ORDER BY id) FROM %s.batchq_jobs" % schema) == \
+        "done:1,done:1,done:1,dead:5"
+    assert sql("SELECT count(*) FROM %s.batchq_results" % schema) == "3"
