@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Enqueues a backlog on the demo's PostgreSQL host and shows the fleet
-# draining it on one live line: jobs left, jobs/s, jobs done per host.
+# Enqueues a backlog on the demo's PostgreSQL host, 3 poison jobs among it
+# whose work crashes its process, and shows the fleet draining it on one live
+# line: jobs left, jobs/s, jobs done per host; the poison jobs end dead.
 # Usage: demo/drain.sh [JOBS]   (from tools/demo.sh up)
 set -euo pipefail
 jobs=${1:-20000}
@@ -10,7 +11,7 @@ psql() { docker exec "$db" runuser -u postgres -- psql -d batchq -AtX -c "$1"; }
 psql "TRUNCATE batchq_results, batchq_jobs RESTART IDENTITY"
 password=$(awk '/^pgqueue_password:/ {print $2}' demo/group_vars/all.yml)
 docker exec -e PGHOST="$db" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
-  batchq-demo-1 batchq-pgqueue-enqueue "$jobs"
+  batchq-demo-1 batchq-pgqueue-enqueue "$jobs" --crashing 3
 # The consumers poll the queue every interval (5s); start them now instead.
 ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_control -e consumer_action=run \
   -e consumer_names=pgqueue >/dev/null
@@ -19,7 +20,7 @@ started=$(date +%s.%N)
 # jobs/s over the last 5 s: a batch of 100 commits at once, a 1 s rate jumps
 times=("$started") lefts=("$jobs")
 while :; do
-  line=$(psql "SELECT (SELECT count(*) FROM batchq_jobs WHERE state = 'queued') || '|' || coalesce(
+  line=$(psql "SELECT (SELECT count(*) FROM batchq_jobs WHERE state IN ('queued', 'running')) || '|' || coalesce(
                  (SELECT string_agg(host || ' ' || n, '  ' ORDER BY host)
                   FROM (SELECT split_part(done_by, '/', 1) AS host, count(*) AS n
                         FROM batchq_jobs WHERE state = 'done' GROUP BY 1) AS per_host), '')")
@@ -31,6 +32,10 @@ while :; do
   [ "$left" -gt 0 ] || break
   sleep 1
 done
-printf '\n%d jobs drained in %.1f s by %s\n' "$jobs" "$(awk -v t0="$started" -v t1="$(date +%s.%N)" 'BEGIN {print t1 - t0}')" \
+printf '\n%d jobs drained in %.1f s by %s; %s\n' "$jobs" \
+  "$(awk -v t0="$started" -v t1="$(date +%s.%N)" 'BEGIN {print t1 - t0}')" \
   "$(psql "SELECT count(DISTINCT split_part(done_by, '/', 2) || split_part(done_by, '/', 1)) || ' consumer instances'
-           FROM batchq_jobs WHERE state = 'done'")"
+           FROM batchq_jobs WHERE state = 'done'")" \
+  "$(psql "SELECT count(*) || ' poison jobs dead after ' || coalesce(string_agg(DISTINCT attempts::text, ', '), '0')
+                  || ' attempts (' || coalesce(string_agg(DISTINCT last_error, '; '), 'none') || ')'
+           FROM batchq_jobs WHERE state = 'dead'")"
