@@ -32,7 +32,7 @@ while :; do
   [ "$left" -gt 0 ] || break
   sleep 1
 done
-printf '\n%d jobs drained in %.1f s by %s; %s\n' "$jobs" \
+printf '\n%d jobs done in %.1f s by %s; %s\n' "$(psql "SELECT count(*) FROM batchq_jobs WHERE state = 'done'")" \
   "$(awk -v t0="$started" -v t1="$(date +%s.%N)" 'BEGIN {print t1 - t0}')" \
   "$(psql "SELECT count(DISTINCT split_part(done_by, '/', 2) || split_part(done_by, '/', 1)) || ' consumer instances'
            FROM batchq_jobs WHERE state = 'done'")" \
