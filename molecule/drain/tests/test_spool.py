@@ -49,14 +49,15 @@ def records(host):
 
 def hold(host):
     """Stop both instances' timers and wait out their batches: no file is taken meanwhile."""
-    host.check_output("systemctl stop %s", " ".join(unit + ".timer" for unit in UNITS))
+    host.check_output("systemctl stop " + " ".join(unit + ".timer" for unit in UNITS))
     wait_for(lambda: all(idle(host, unit + ".service") for unit in UNITS), 60,
              "the spool consumers of %s to be idle" % host.backend.get_hostname())
 
 
 def release(host):
-    host.check_output("systemctl start %s && systemctl start --no-block %s",
-                      " ".join(unit + ".timer" for unit in UNITS), " ".join(unit + ".service" for unit in UNITS))
+    # (the unit names are the test's own words, no quoting needed)
+    host.check_output("systemctl start %s && systemctl start --no-block %s" % (
+        " ".join(unit + ".timer" for unit in UNITS), " ".join(unit + ".service" for unit in UNITS)))
 
 
 def enqueue(host, *calls):
