@@ -1,0 +1,157 @@
+"""The spool example's consumer (examples/spool_queue/batchq-spool): its pure
+rules, and its batches as processes on a spool in a temporary folder (no systemd)."""
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "spool_queue"
+CONSUMER, ENQUEUE = EXAMPLE / "batchq-spool", EXAMPLE / "batchq-spool-enqueue"
+
+
+def _load(path):
+    loader = importlib.machinery.SourceFileLoader("batchq_spool", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+spool = _load(CONSUMER)
+
+
+@pytest.mark.parametrize("name, parsed", [
+    ("job-1.json", ("job-1.json", 0, 0)),
+    ("job-1.json~2", ("job-1.json", 2, 0)),
+    ("job-1.json~2~1796146351000", ("job-1.json", 2, 1796146351000)),
+    (".result", None), ("lock~x", None), ("a~1~2~3", None), ("~1", None), ("job\n", ("job\n", 0, 0)),
+])
+def test_a_name_carries_the_attempts_and_the_due_time(name, parsed):
+    assert spool.parse(name) == parsed
+    if parsed:
+        assert spool.spool_name(*parsed) == name
+
+
+def test_the_backoff_doubles_from_its_least_up_to_its_cap_and_keeps_the_upper_half_of_each_step():
+    low = [spool.backoff(n, 10, 100, uniform=lambda a, b: a) for n in range(1, 7)]
+    high = [spool.backoff(n, 10, 100, uniform=lambda a, b: b) for n in range(1, 7)]
+    assert low == [5, 10, 20, 40, 50, 50]
+    assert high == [10, 20, 40, 80, 100, 100]
+    assert all(5 <= spool.backoff(1, 10, 100) <= 10 for _ in range(100))
+
+
+def test_a_claim_takes_due_files_in_name_order_and_none_of_another_name():
+    names = ["b", "a~1~2000", "c~2~999", ".b.tmp", "d~x", "a"]
+    assert spool.due_names(names, 1000) == ["a", "b", "c~2~999"]
+
+
+@pytest.mark.parametrize("claimed, failed, left, code", [
+    (10, 0, 0, 75),   # a full batch: more may wait
+    (7, 2, 0, 0),     # less than a full batch, all of it attempted: drained
+    (7, 2, 3, 75),    # files put back undone (SIGTERM, --max-seconds)
+    (0, 0, 0, 0),     # nothing due
+    (10, 10, 0, 1),   # every file failed: an outage, not a backlog
+    (3, 3, 0, 1),
+])
+def test_the_exit_code_follows_the_contract(claimed, failed, left, code):
+    assert spool.exit_code(claimed, failed, left, 10, 75) == code
+
+
+@pytest.fixture
+def top(tmp_path):
+    (tmp_path / "state").mkdir()
+    return tmp_path / "spool"
+
+
+def enqueue(top, *arguments):
+    subprocess.run([sys.executable, str(ENQUEUE), *arguments, "--spool", str(top)], check=True, stdout=subprocess.DEVNULL)
+
+
+def batch(top, *arguments, wait=True):
+    env = dict(os.environ, STATE_DIRECTORY=str(top.parent / "state"))
+    process = subprocess.Popen([sys.executable, str(CONSUMER), "--spool", str(top), "--backoff-min", "0.01",
+                                "--backoff-max", "0.02", *arguments], env=env, stdout=subprocess.DEVNULL)
+    return process.wait(timeout=60) if wait else process
+
+
+def stats(top):
+    out = subprocess.run([sys.executable, str(ENQUEUE), "--stats", "--spool", str(top)], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out)
+
+
+def test_concurrent_batches_never_share_a_file(top):
+    enqueue(top, "600")
+    batches = [batch(top, "--limit", "1000", wait=False) for _ in range(4)]
+    assert sorted(b.wait(timeout=60) for b in batches) == [0, 0, 0, 0]
+    done = os.listdir(top / "done")
+    assert len(done) == 600 and stats(top)["incoming"] == stats(top)["claims"] == 0
+    assert all(json.loads((top / "done" / name).read_text())["attempt"] == 1 for name in done)
+
+
+def batches_until(top, done, *arguments):
+    """Run batch after batch (a file put back is due again 10-20 ms later) until done(); their exit codes."""
+    codes = []
+    while not done():
+        assert len(codes) < 20, codes
+        codes.append(batch(top, *arguments))
+        time.sleep(0.05)
+    return codes
+
+
+def test_a_killed_batch_counts_the_file_it_was_at_and_gives_the_others_their_attempt_back(top):
+    enqueue(top, "1", "--prefix", "a", "--sleep", "30", "--sleep-attempts", "1")
+    enqueue(top, "3", "--prefix", "b")
+    stuck = batch(top, "--limit", "10", wait=False)
+    deadline = time.monotonic() + 30
+    # the batch noted the file it is at in its lock file
+    while not [lock for lock in (top / "claims").glob("*/lock") if lock.read_text()]:
+        assert time.monotonic() < deadline, "the batch started no file"
+        time.sleep(0.05)
+    stuck.send_signal(signal.SIGKILL)
+    stuck.wait(timeout=10)
+    batches_until(top, lambda: len(os.listdir(top / "done")) == 4, "--limit", "10")
+    results = {name: json.loads((top / "done" / name).read_text()) for name in os.listdir(top / "done")}
+    assert {name: r["attempt"] for name, r in results.items()} == {
+        "a-000001.json": 2, "b-000001.json": 1, "b-000002.json": 1, "b-000003.json": 1}
+    assert stats(top)["claim_folders"] == 0
+
+
+def test_a_file_that_kills_every_batch_ends_in_failed_after_its_attempts(top):
+    enqueue(top, "1", "--prefix", "crash", "--crash")
+    codes = batches_until(top, lambda: os.listdir(top / "failed"), "--max-attempts", "3")
+    assert codes.count(-signal.SIGSEGV) == 3 and set(codes) <= {-signal.SIGSEGV, 0}, codes
+    assert os.listdir(top / "failed") == ["crash-000001.json~3"]
+    assert stats(top)["incoming"] == stats(top)["claim_folders"] == 0
+
+
+def test_failed_attempts_end_in_failed_and_a_batch_of_failures_is_a_failure(top):
+    enqueue(top, "2", "--prefix", "bad", "--fail")
+    codes = batches_until(top, lambda: len(os.listdir(top / "failed")) == 2, "--max-attempts", "2")
+    assert codes.count(1) == 2 and set(codes) <= {0, 1}, codes
+    assert sorted(os.listdir(top / "failed")) == ["bad-000001.json~2", "bad-000002.json~2"]
+
+
+def test_a_stopped_batch_puts_back_what_it_did_not_start_and_says_more_waits(top):
+    enqueue(top, "20", "--sleep", "0.2")
+    process = batch(top, "--limit", "100", wait=False)
+    deadline = time.monotonic() + 30
+    while not os.listdir(top / "done"):
+        assert time.monotonic() < deadline, "the batch did nothing"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 75
+    left = os.listdir(top / "incoming")
+    assert left and all("~" not in name for name in left), left  # their attempt given back
+    assert len(left) + len(os.listdir(top / "done")) == 20
+
+
+def test_an_unusable_spool_fails_the_batch(tmp_path):
+    assert batch(tmp_path / "nowhere") == 1
