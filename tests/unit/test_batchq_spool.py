@@ -44,7 +44,7 @@ def test_the_backoff_doubles_from_its_least_up_to_its_cap_and_keeps_the_upper_ha
     high = [spool.backoff(n, 10, 100, uniform=lambda a, b: b) for n in range(1, 7)]
     assert low == [5, 10, 20, 40, 50, 50]
     assert high == [10, 20, 40, 80, 100, 100]
-    assert all(5 <= spool.backoff(1, 10, 100) <= 10 for _ in range(100))
+    assert all(5 <= spool.backoff(1, 10, 100) <= 10 for draw in range(100))
 
 
 def test_a_claim_takes_due_files_in_name_order_and_none_of_another_name():
@@ -89,7 +89,7 @@ def stats(top):
 
 def test_concurrent_batches_never_share_a_file(top):
     enqueue(top, "600")
-    batches = [batch(top, "--limit", "1000", wait=False) for _ in range(4)]
+    batches = [batch(top, "--limit", "1000", wait=False) for instance in range(4)]
     assert sorted(b.wait(timeout=60) for b in batches) == [0, 0, 0, 0]
     done = os.listdir(top / "done")
     assert len(done) == 600 and stats(top)["incoming"] == stats(top)["claims"] == 0
