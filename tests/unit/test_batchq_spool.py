@@ -17,8 +17,8 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "spool_queu
 CONSUMER, ENQUEUE = EXAMPLE / "batchq-spool", EXAMPLE / "batchq-spool-enqueue"
 
 
-def _load(path):
-    loader = importlib.machinery.SourceFileLoader("batchq_spool", str(path))
+def _load(path, name="batchq_spool"):
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     return module
@@ -76,6 +76,7 @@ def enqueue(top, *arguments):
 
 def batch(top, *arguments, wait=True):
     env = dict(os.environ, STATE_DIRECTORY=str(top.parent / "state"))
+    env.pop("INVOCATION_ID", None)
     process = subprocess.Popen([sys.executable, str(CONSUMER), "--spool", str(top), "--backoff-min", "0.01",
                                 "--backoff-max", "0.02", *arguments], env=env, stdout=subprocess.DEVNULL)
     return process.wait(timeout=60) if wait else process
@@ -155,3 +156,11 @@ def test_a_stopped_batch_puts_back_what_it_did_not_start_and_says_more_waits(top
 
 def test_an_unusable_spool_fails_the_batch(tmp_path):
     assert batch(tmp_path / "nowhere") == 1
+
+
+def test_without_records_a_batch_works_and_says_so(top, tmp_path):
+    enqueue(top, "3")
+    done = subprocess.run([sys.executable, str(CONSUMER), "--spool", str(top)], check=False, stderr=subprocess.PIPE,
+                          stdout=subprocess.DEVNULL, text=True, env=dict(os.environ, STATE_DIRECTORY=str(tmp_path / "no")))
+    assert done.returncode == 0 and "warning: no claim record" in done.stderr, done.stderr
+    assert len(os.listdir(top / "done")) == 3 and not os.listdir(top / "claims")
