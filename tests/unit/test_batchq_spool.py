@@ -1,6 +1,8 @@
 """The spool example's consumer (examples/spool_queue/batchq-spool): its pure
 rules, and its batches as processes on a spool in a temporary folder (no systemd)."""
 
+import argparse
+import fcntl
 import importlib.machinery
 import importlib.util
 import json
@@ -158,9 +160,26 @@ def test_an_unusable_spool_fails_the_batch(tmp_path):
     assert batch(tmp_path / "nowhere") == 1
 
 
+def options(**given):
+    return argparse.Namespace(**dict(dict(max_attempts=3, backoff_min=0.01, backoff_max=0.02, limit=10, work_ms=0,
+                                          max_seconds=0, records_bytes=1 << 20), **given))
+
+
 def test_without_records_a_batch_works_and_says_so(top, tmp_path):
     enqueue(top, "3")
     done = subprocess.run([sys.executable, str(CONSUMER), "--spool", str(top)], check=False, stderr=subprocess.PIPE,
                           stdout=subprocess.DEVNULL, text=True, env=dict(os.environ, STATE_DIRECTORY=str(tmp_path / "no")))
     assert done.returncode == 0 and "warning: no claim record" in done.stderr, done.stderr
     assert len(os.listdir(top / "done")) == 3 and not os.listdir(top / "claims")
+
+
+def test_claim_folders_are_unique_without_an_invocation(top, monkeypatch):
+    enqueue(top, "0")
+    monkeypatch.delenv("INVOCATION_ID", raising=False)
+    queue = spool.Spool(str(top), options())
+    first, second = queue.open_claim(), queue.open_claim()
+    assert first[0] != second[0]
+    for _folder, lock in (first, second):
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(os.open(os.path.join(_folder, "lock"), os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(lock)
