@@ -2,6 +2,7 @@
 rules, and its batches as processes on a spool in a temporary folder (no systemd)."""
 
 import argparse
+import errno
 import fcntl
 import importlib.machinery
 import importlib.util
@@ -84,6 +85,15 @@ def batch(top, *arguments, wait=True):
     return process.wait(timeout=60) if wait else process
 
 
+def records(top):
+    with open(top.parent / "state" / "batches.jsonl", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def results(top):
+    return {name: json.loads((top / "done" / name).read_text()) for name in os.listdir(top / "done")}
+
+
 def stats(top):
     out = subprocess.run([sys.executable, str(ENQUEUE), "--stats", "--spool", str(top)], check=True,
                          stdout=subprocess.PIPE, text=True).stdout
@@ -97,6 +107,9 @@ def test_concurrent_batches_never_share_a_file(top):
     done = os.listdir(top / "done")
     assert len(done) == 600 and stats(top)["incoming"] == stats(top)["claims"] == 0
     assert all(json.loads((top / "done" / name).read_text())["attempt"] == 1 for name in done)
+    claims = [r["names"] for r in records(top) if r["event"] == "claim"]
+    assert len(claims) == 4 and len({name for names in claims for name in names}) == sum(map(len, claims)) == 600
+    assert sum(len(r["done"]) for r in records(top) if r["event"] == "end") == 600
 
 
 def batches_until(top, done, *arguments):
@@ -160,9 +173,71 @@ def test_an_unusable_spool_fails_the_batch(tmp_path):
     assert batch(tmp_path / "nowhere") == 1
 
 
+def wait_for_note(top, name):
+    """Until a running batch notes name in its lock file (it is at that file)."""
+    deadline = time.monotonic() + 30
+    while name + "\n" not in [lock.read_text() for lock in (top / "claims").glob("*/lock")]:
+        assert time.monotonic() < deadline, "the batch did not come to %s" % name
+        time.sleep(0.02)
+
+
+def test_a_killed_batch_keeps_the_files_it_finished_and_none_is_redone(top):
+    enqueue(top, "3", "--prefix", "a")
+    enqueue(top, "1", "--prefix", "b", "--sleep", "30", "--sleep-attempts", "1")
+    enqueue(top, "2", "--prefix", "c")
+    stuck = batch(top, "--limit", "10", wait=False)
+    wait_for_note(top, "b-000001.json~1")
+    # what it finished left its claim at once: only the file at hand and those not started are there
+    (claim,) = (top / "claims").iterdir()
+    assert sorted(os.listdir(claim)) == ["b-000001.json~1", "c-000001.json~1", "c-000002.json~1", "lock"]
+    stuck.send_signal(signal.SIGKILL)
+    stuck.wait(timeout=10)
+    batches_until(top, lambda: len(os.listdir(top / "done")) == 6, "--limit", "10")
+    by = {name: (r["attempt"], r["by"].split("/")[2]) for name, r in results(top).items()}
+    killed = "pid%d#1" % stuck.pid
+    assert {name: by[name] for name in by if name.startswith("a")} == {
+        "a-00000%d.json" % n: (1, killed) for n in (1, 2, 3)}, "a file the killed batch did was done again"
+    assert by["b-000001.json"][0] == 2 and by["c-000001.json"][0] == by["c-000002.json"][0] == 1
+    (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
+    assert (taken["counted"], taken["refunded"]) == (["b-000001.json~1"], ["c-000001.json~1", "c-000002.json~1"])
+    assert not [r for r in records(top) if r["event"] == "end" and r["redone"]]
+
+
 def options(**given):
     return argparse.Namespace(**dict(dict(max_attempts=3, backoff_min=0.01, backoff_max=0.02, limit=10, work_ms=0,
                                           max_seconds=0, records_bytes=1 << 20), **given))
+
+
+def dead_claim(top, note, *names):
+    """A claim folder as a batch that died leaves it: its lock (free) with note, and files."""
+    enqueue(top, "0")
+    folder = top / "claims" / "dead"
+    folder.mkdir()
+    (folder / "lock").write_bytes(note)
+    for name in names:
+        (folder / os.fsdecode(name)).write_bytes(b"{}")
+    return folder
+
+
+def test_a_file_whose_result_is_written_is_never_charged_nor_done_again(top):
+    folder = dead_claim(top, b"x~1\n", b"x~1", b"y~1")
+    identity = spool.identity(folder / "x~1")
+    (top / "done" / "x").write_text(json.dumps({"file": identity, "attempt": 1}))
+    (taken,) = spool.Spool(str(top), options()).take_back("")
+    assert (taken["finished"], taken["counted"], taken["refunded"]) == (["x~1"], [], ["y~1"])
+    assert os.listdir(top / "incoming") == ["y"] and not os.listdir(top / "claims")
+    assert json.loads((top / "done" / "x").read_text()) == {"file": identity, "attempt": 1}
+
+
+def test_the_noted_name_is_matched_whole_whatever_its_bytes(top):
+    odd = b" lead\xff~1"  # a leading space, and not UTF-8
+    dead_claim(top, odd + b"\n", odd, b"lead~1")
+    (taken,) = spool.Spool(str(top), options()).take_back("")
+    assert (taken["counted"], taken["refunded"]) == ([os.fsdecode(odd)], ["lead~1"])
+    # ... and a batch notes such a name and does its file
+    (top / "incoming" / os.fsdecode(b" new\xfe")).write_bytes(b"data")
+    assert batch(top, "--max-attempts", "5") == 0
+    assert os.fsdecode(b" new\xfe") in os.listdir(top / "done")
 
 
 def test_without_records_a_batch_works_and_says_so(top, tmp_path):
@@ -171,6 +246,38 @@ def test_without_records_a_batch_works_and_says_so(top, tmp_path):
                           stdout=subprocess.DEVNULL, text=True, env=dict(os.environ, STATE_DIRECTORY=str(tmp_path / "no")))
     assert done.returncode == 0 and "warning: no claim record" in done.stderr, done.stderr
     assert len(os.listdir(top / "done")) == 3 and not os.listdir(top / "claims")
+
+
+def test_an_error_of_the_batch_itself_gives_its_files_back_uncharged(top, monkeypatch):
+    enqueue(top, "3")
+
+    def full(*arguments):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(spool, "write_result", full)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    assert spool.main(["--spool", str(top)]) == 1
+    assert sorted(os.listdir(top / "incoming")) == ["job-00000%d.json" % n for n in (1, 2, 3)]
+    assert not os.listdir(top / "claims") and not os.listdir(top / "failed")
+
+
+def test_a_file_goes_to_failed_rather_than_over_another_of_its_name(top):
+    dead_claim(top, b"", b"x~1")
+    (top / "incoming" / "x").write_text("newer")
+    (taken,) = spool.Spool(str(top), options()).take_back("")
+    assert taken["failed"] == ["x~1"] and (top / "incoming" / "x").read_text() == "newer"
+    (aside,) = os.listdir(top / "failed")
+    assert spool.parse(aside)[:2] == ("x", 1)
+    # a result is never replaced by another file's
+    (top / "done" / "x").write_text('{"file": "another"}')
+    assert batch(top) == 1
+    assert (top / "done" / "x").read_text() == '{"file": "another"}' and len(os.listdir(top / "failed")) == 2
+    # ... and the enqueue tool refuses a name that done/ or incoming/ holds
+    (top / "done" / "z-000001.json").write_text("{}")
+    with pytest.raises(subprocess.CalledProcessError):
+        enqueue(top, "1", "--prefix", "z")
+    enqueue(top, "1", "--prefix", "y")
+    with pytest.raises(subprocess.CalledProcessError):
+        enqueue(top, "1", "--prefix", "y")
 
 
 def test_claim_folders_are_unique_without_an_invocation(top, monkeypatch):
