@@ -28,6 +28,7 @@ def _load(path, name="batchq_spool"):
 
 
 spool = _load(CONSUMER)
+enqueuer = _load(ENQUEUE, "batchq_spool_enqueue")
 
 
 @pytest.mark.parametrize("name, parsed", [
@@ -278,6 +279,19 @@ def test_a_file_goes_to_failed_rather_than_over_another_of_its_name(top):
     enqueue(top, "1", "--prefix", "y")
     with pytest.raises(subprocess.CalledProcessError):
         enqueue(top, "1", "--prefix", "y")
+
+
+def test_stats_do_not_fail_on_a_claim_folder_that_ends_meanwhile(top, monkeypatch):
+    enqueue(top, "0")
+    (top / "claims" / "ending").mkdir()
+    listdir = os.listdir
+
+    def racing(path):
+        if str(path).endswith("ending"):
+            os.rmdir(path)
+        return listdir(path)
+    monkeypatch.setattr(enqueuer.os, "listdir", racing)
+    assert enqueuer.stats(str(top))["claims"] == 0
 
 
 def test_claim_folders_are_unique_without_an_invocation(top, monkeypatch):
