@@ -1,10 +1,13 @@
 """The reference consumer of a directory of files (examples/spool_queue), two
-instances on one spool per host: every file ends in done/ exactly once with
-its own digest, a batch killed at its timeout has its files taken back by the
-next batch, and files that fail every attempt end in failed/ after exactly
-their attempts. Judged from the spool itself, against the digests of the
-files as they were enqueued, taken (by sha256sum) before a consumer saw them.
-test_then_reboot.py restarts the hosts in the middle of a spool drain."""
+instances on one spool per host: every file ends in done/ with its own
+digest, done by one batch only (the consumer's records say which, and the
+result names it: a result is never replaced), a batch killed at its timeout
+keeps what it finished and has the rest taken back by the next batch, and
+files that fail every attempt end in failed/ after exactly their attempts.
+Judged from the spool itself, against the digests of the files as they were
+enqueued, taken (by sha256sum) before a consumer saw them, and from the
+consumer's records. test_then_reboot.py restarts the hosts in the middle of
+a spool drain."""
 
 import json
 import time
@@ -75,11 +78,39 @@ def drained(host, done, failed):
             and now["failed"] == failed and now)
 
 
-def assert_each_done_once(host, enqueued, failing=()):
-    """Every file enqueued is in done/ once with its own digest, or in failed/ after MAX_ATTEMPTS."""
+def doers(host, since=0):
+    """{file: [(batch, attempt), ...]}: the batches that did each file, by the
+    consumer's records since a time: the "done" of each batch that ended; of
+    one killed, what it claimed less what the takeover of its claim found
+    there unfinished (which may include a file that failed and was put back)."""
+    ours = [r for r in records(host) if r["time"] > since]
+    ended = {r["batch"]: r for r in ours if r["event"] == "end"}
+    unfinished = {t["folder"]: t["counted"] + t["refunded"] + t["failed"]
+                  for r in ours if r["event"] == "claim" for t in r["taken_back"]}
+    did = {}
+    for claim in (r for r in ours if r["event"] == "claim"):
+        end = ended.get(claim["batch"])
+        names = end.get("done", []) if end else [n for n in claim["names"] if n not in unfinished.get(claim["folder"], [])]
+        for name in names:
+            base, attempt = name.rsplit("~", 1)
+            did.setdefault(base, []).append((claim["batch"], int(attempt)))
+    return did
+
+
+def assert_each_done_once(host, enqueued, failing=(), since=0):
+    """Every file enqueued is in done/ with its own digest, done by one batch
+    (the one its result names), or in failed/ after MAX_ATTEMPTS."""
     done = results(host)
     wanted = {name: digest for name, digest in enqueued.items() if name not in failing}
     assert {name: done.get(name, {}).get("sha256") for name in wanted} == wanted, journal(host, "spool")
+    # No batch did a file another had done (a redo: its result would be
+    # found there, and kept), nor a killed one a file it had finished.
+    assert not [r["redone"] for r in records(host) if r["event"] == "end" and r["time"] > since and r.get("redone")]
+    did = doers(host, since)
+    twice = {name: did.get(name) for name in wanted if len(did.get(name, [])) != 1}
+    assert not twice, twice
+    assert {name: (done[name]["by"], done[name]["attempt"]) for name in wanted} == {
+        name: did[name][0] for name in wanted}
     failed = digests(host, "failed")
     assert {name: failed.get("%s~%d" % (name, MAX_ATTEMPTS)) for name in failing} == {
         name: enqueued[name] for name in failing}, (sorted(failed), journal(host, "spool"))
@@ -125,6 +156,10 @@ def test_two_instances_drain_5000_files_each_once_through_a_timeout_and_poison(h
         assert when - claim["time"] <= TIMEOUT_S + STOP_TIMEOUT_S + INTERVAL_S + 10, when - claim["time"]
         # the others of that claim, which it had not started, got their attempt back
         assert all(done[n.split("~")[0]]["attempt"] == 1 for n in taken["refunded"]), taken
+        # ... and the files it had finished had left its claim: theirs are the killed batch's results
+        finished = [n.split("~")[0] for n in claim["names"] if n not in taken["counted"] + taken["refunded"]
+                    and n.split("~")[0] not in (crash, fail)]
+        assert all(done[n]["by"] == claim["batch"] for n in finished), [done[n] for n in finished]
 
         # the crashing file killed a batch on each of its attempts; the third took it to failed/
         crashes = takebacks(host, crash)
@@ -152,7 +187,7 @@ def assert_spool_drained_after_reboot(host, enqueued, before, booted):
     batch that a shutdown's SIGTERM stopped)."""
     wait_for(lambda: drained(host, before[0]["done"] + len(enqueued), before[0]["failed"]), 120,
              "the spool drain of %s to end after the reboot%s" % (host.backend.get_hostname(), journal(host, "spool")))
-    assert_each_done_once(host, enqueued)
+    assert_each_done_once(host, enqueued, since=before[1])
     ours = [r for r in records(host) if r["time"] > before[1]]
     after_boot = [r for r in ours if r["time"] > booted]
     assert [r for r in after_boot if r["event"] == "end" and r["done"]], "nothing done after the boot"
