@@ -82,7 +82,13 @@ echo "matrix: $(cat "$logs"/*.result | wc -l) parts in $(( (SECONDS - start) / 6
 cat "$logs"/*.result
 if failed >/dev/null; then
   for result in $(failed); do
-    echo "=== ${result%.result}.log (last 60 lines)"; tail -n 60 "${result%.result}.log"
+    log=${result%.result}.log
+    # pytest's summary names the failed tests, and molecule's output follows it:
+    # show the failures' own lines first, then the end of the log.
+    echo "=== $log: what failed"
+    sed -n '/= short test summary info =/,/^=.* in [0-9.]*s/p' "$log" | cut -c1-400
+    grep -E '^E  |^FAILED |^ERROR |fatal: |FAILED! =>' "$log" | head -n 40 | cut -c1-400 || true
+    echo "=== $log (last 30 lines)"; tail -n 30 "$log"
   done
   exit 1
 fi
