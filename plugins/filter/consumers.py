@@ -23,6 +23,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     normalize_consumers,
+    preload_pythons,
     secret_files,
 )
 
@@ -102,6 +103,10 @@ def consumer_metrics_files(normalized, folder, prefix=DEFAULT_PREFIX, enabled=Tr
     return metrics_files(normalized, folder, prefix, enabled, paused, only_paused)
 
 
+def consumer_python(normalized, first_lines, host="this host"):
+    return preload_pythons(normalized, first_lines or {}, host)
+
+
 def consumer_systemd(version_output, host="this host"):
     return systemd_support(version_output, host)
 
@@ -122,6 +127,7 @@ class FilterModule:
             "consumer_leftovers": consumer_leftovers,
             "consumer_metrics_files": consumer_metrics_files,
             "consumer_names": consumer_names,
+            "consumer_python": consumer_python,
             "consumer_secret_files": consumer_secret_files,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,

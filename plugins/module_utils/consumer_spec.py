@@ -11,6 +11,7 @@ on the controller, so a bad consumer fails the play before any host changes.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
 
@@ -59,6 +60,9 @@ ITEM_DEFAULTS = {
     # Exit status of a batch that took a full batch and leaves work waiting:
     # the next batch starts at once (see roles/consumer/files/batchq-drain).
     "backlog_exit_code": None,
+    # Modules a draining Python consumer imports once per run: each batch is a
+    # fork of the runner after those imports (batchq-drain --preload).
+    "preload": [],
     # Commands run in units of their own after a failed batch (at most once per
     # on_failure_every while failures go on) and after the success that ends them.
     "on_failure": None,
@@ -93,6 +97,14 @@ PREFIX_RE = re.compile(r"[a-z0-9][a-z0-9_-]*-")
 # change what systemd reads (a tab is white space to it) or garble logs.
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 CONTROL_PROBLEM = "must not contain a newline or any other control character"
+# What preload takes: dotted module names, and a command python3 runs.
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+PYTHON_RE = re.compile(r"python[0-9.]*")
+# The interpreter's options that take no value and mean the same to the
+# runner that imports the preload as to the batch.
+PYTHON_FLAGS_RE = re.compile(r"-[BEIOPsSu]+")
+PRELOAD_COMMAND = ("with preload, must run Python: PYTHON [OPTIONS] SCRIPT ARGS, PYTHON [OPTIONS] -m MODULE ARGS,"
+                   " or a script whose #! line names Python")
 
 # systemd's time units (time-util.c), longest first so "ms" wins over "m".
 _TIME_UNITS = {
@@ -225,6 +237,63 @@ def split_command(consumer, command, field="command"):
     if not argv[0].startswith("/"):
         _fail(consumer, field, "must start with an absolute path, got %r" % argv[0])
     return argv
+
+
+def preload_command(consumer, argv):
+    """How the runner runs a preloaded consumer's command: (the interpreter's
+    words, or None when argv[0] is a script whose #! line the host must tell,
+    and what `python3` runs: [SCRIPT, ARGS...] or ["-m", MODULE, ARGS...])."""
+    if not PYTHON_RE.fullmatch(posixpath.basename(argv[0])):
+        return None, argv
+    words = argv[1:]
+    flags = []
+    while words and PYTHON_FLAGS_RE.fullmatch(words[0]):
+        flags.append(words.pop(0))
+    if words[:1] == ["-m"] and len(words) > 1 and MODULE_RE.fullmatch(words[1]):
+        return [argv[0]] + flags, words
+    if words and not words[0].startswith("-"):
+        return [argv[0]] + flags, words
+    _fail(consumer, "command", PRELOAD_COMMAND + ", got %r" % " ".join(argv))
+    return None, None  # not reached: _fail raises
+
+
+def shebang_python(first_line):
+    """The words of a #! line that runs Python (the interpreter, or env and
+    it, and its options), or None for any other first line."""
+    if not isinstance(first_line, str) or not first_line.startswith("#!"):
+        return None
+    words = first_line[2:].split()
+    env = []
+    if words and posixpath.basename(words[0]) == "env":
+        env, words = words[:1], words[1:]
+        if words[:1] == ["-S"]:
+            words = words[1:]  # env -S splits what follows into words, as here
+    if not words or not PYTHON_RE.fullmatch(posixpath.basename(words[0])):
+        return None
+    if not all(PYTHON_FLAGS_RE.fullmatch(word) for word in words[1:]):
+        return None
+    return env + words
+
+
+def preload_pythons(consumers, first_lines, host="this host"):
+    """The interpreter of each preloaded consumer on a host, quoted for
+    ExecStart=, from its command or its script's #! line (first_lines, as
+    consumer_preflight read them): {"pythons": {name: words}, "problems": [...]}."""
+    pythons, problems = {}, []
+    for consumer in consumers:
+        if not consumer.get("preload") or consumer.get("state") == "absent":
+            continue
+        if consumer["preload_python"]:
+            pythons[consumer["name"]] = consumer["preload_python"]
+            continue
+        script = consumer["preload_script"]
+        words = shebang_python(first_lines.get(script))
+        if words is None:
+            problems.append("consumer '%s': field 'command': %s; %s on %s starts with %s;" % (
+                consumer["name"], PRELOAD_COMMAND, script, host, json.dumps(first_lines.get(script))))
+        else:
+            pythons[consumer["name"]] = " ".join(systemd_quote(word) for word in words)
+    return {"pythons": pythons, "problems": problems}
 
 
 def systemd_word(text):
@@ -402,6 +471,21 @@ def _resources(name, item):
     return limits
 
 
+def _preload(name, modules, backlog):
+    """The module names of preload, checked: a drain's alone."""
+    if modules is None or modules == []:
+        return []
+    if not isinstance(modules, list) or not modules:
+        _fail(name, "preload", "must be a list of Python module names, got %r" % (modules,))
+    for module in modules:
+        if not isinstance(module, str) or not MODULE_RE.fullmatch(module):
+            _fail(name, "preload", "%r is not a Python module name (such as psycopg or myapp.jobs)" % (module,))
+    if backlog is None:
+        _fail(name, "preload", "needs backlog_exit_code: the runner of a drain, which lives for the whole run,"
+                               " is what imports the modules and forks each batch")
+    return list(dict.fromkeys(modules))
+
+
 def normalize_consumer(raw, defaults, prefix):
     """One consumer, validated, with everything the unit templates need."""
     if not isinstance(raw, dict):
@@ -436,9 +520,13 @@ def normalize_consumer(raw, defaults, prefix):
     usec = {field: 0 if seconds == float("inf") else int(round(seconds * 1e6))
             for field, seconds in ((f, parse_timespan(item[f])) for f in LIMIT_KEYS)}
     argv = None if item["command"] is None else split_command(name, item["command"])
+    preload = _preload(name, item["preload"], backlog)
+    python, target = preload_command(name, argv) if preload and argv else (None, None)
     hooks = {field: None if item[field] is None else split_command(name, item[field], field) for field in HOOK_KEYS}
     # Also for a drain, whose ExecStart= names the runner: verify never sees the command.
     required_paths = [{"field": "command", "path": argv[0]}] if argv else []
+    if python and target[0] != "-m" and target[0].startswith("/"):
+        required_paths.append({"field": "command", "path": target[0]})
     required_paths += [{"field": field, "path": hooks[field][0]} for field in HOOK_KEYS if hooks[field]]
     required_paths += [
         {"field": field, "path": item[field]} for field in ("environment_file", "working_directory") if item[field]
@@ -473,6 +561,13 @@ def normalize_consumer(raw, defaults, prefix):
         "hardening": hardening,
         "spans": {field: str(item[field]).strip() for field in TIME_KEYS},
         "backlog_exit_code": backlog,
+        "preload": preload,
+        # The interpreter that runs the runner of a preloaded consumer, quoted
+        # for ExecStart=; None: the #! line of preload_script, read on the host.
+        "preload_python": python and " ".join(systemd_quote(word) for word in python),
+        "preload_script": None if python or not preload or not argv else argv[0],
+        # what the runner's forked batches run: SCRIPT ARGS or -m MODULE ARGS
+        "preload_target": target and " ".join(systemd_quote(word) for word in target),
         # batchq-drain times each batch of a drain out itself; 0: no limit
         "timeout_usec": usec["timeout"],
         "stop_timeout_usec": usec["stop_timeout"],

@@ -40,6 +40,13 @@ options:
     type: list
     elements: path
     default: []
+  first_lines:
+    description:
+      - Files whose first line RV(first_lines) gives, such as the scripts of preloaded consumers, whose
+        C(#!) line names the Python the runner must run under.
+    type: list
+    elements: path
+    default: []
   unit_dir:
     description: The folder of the unit files that RV(units) describes.
     type: path
@@ -106,6 +113,13 @@ units:
   returned: always
   type: dict
   sample: {batchq-thumbs.service: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
+first_lines:
+  description:
+    - The first line of each file of O(first_lines), without its newline, at most 512 bytes of it
+      (undecodable bytes escaped); V(null) for a file that cannot be read.
+  returned: always
+  type: dict
+  sample: {/usr/local/bin/batchq-pgqueue: "#!/usr/bin/python3"}
 missing_paths:
   description: The paths of O(paths) that do not exist, in their order.
   returned: always
@@ -159,6 +173,16 @@ def unit_digests(folder, patterns):
     return digests
 
 
+def first_line(path):
+    """A file's first line, at most 512 bytes of it, or None if it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            line = handle.readline(512)
+    except OSError:
+        return None
+    return line.rstrip(b"\r\n").decode("utf-8", "backslashreplace")
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -166,6 +190,7 @@ def main():
             "users": {"type": "list", "elements": "str", "default": []},
             "groups": {"type": "list", "elements": "str", "default": []},
             "paths": {"type": "list", "elements": "path", "default": []},
+            "first_lines": {"type": "list", "elements": "path", "default": []},
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
             "unit_patterns": {"type": "list", "elements": "str", "default": []},
         },
@@ -185,6 +210,7 @@ def main():
         rejected_spans=rejected,
         users=lookup(module, "passwd", list(dict.fromkeys(module.params["users"]))),
         groups=lookup(module, "group", list(dict.fromkeys(module.params["groups"]))),
+        first_lines={path: first_line(path) for path in module.params["first_lines"]},
         missing_paths=[path for path in module.params["paths"] if not os.path.exists(path)],
         units=unit_digests(module.params["unit_dir"], module.params["unit_patterns"]),
     )

@@ -27,3 +27,14 @@ def test_unit_digests_are_of_matching_regular_files_only(tmp_path):
     assert digests == {"batchq-a.service": hashlib.sha256(b"[Service]\n").hexdigest(),
                        "batchq.continue@.service": hashlib.sha256(b"[Unit]\n").hexdigest()}
     assert consumer_preflight.unit_digests(str(tmp_path / "none"), ["*"]) == {}
+
+
+def test_first_line_is_the_line_without_its_newline_or_none(tmp_path):
+    (tmp_path / "script").write_bytes(b"#!/usr/bin/python3\r\nimport os\n")
+    (tmp_path / "binary").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 2000)
+    (tmp_path / "empty").write_bytes(b"")
+    assert consumer_preflight.first_line(str(tmp_path / "script")) == "#!/usr/bin/python3"
+    assert consumer_preflight.first_line(str(tmp_path / "binary")).startswith("\x7fELF")
+    assert len(consumer_preflight.first_line(str(tmp_path / "binary"))) == 512
+    assert consumer_preflight.first_line(str(tmp_path / "empty")) == ""
+    assert consumer_preflight.first_line(str(tmp_path / "missing")) is None

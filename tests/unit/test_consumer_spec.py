@@ -12,7 +12,9 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec imp
     ConsumerSpecError,
     normalize_consumers,
     parse_timespan,
+    preload_pythons,
     secret_files,
+    shebang_python,
     systemd_environment,
     systemd_quote,
 )
@@ -210,6 +212,13 @@ BAD = [
     ("empty recovery hook", {"on_recovery": []}, ["'thumbs'", "'on_recovery'", "empty"]),
     ("hook period as prose", {"on_failure_every": "hourly"}, ["'thumbs'", "'on_failure_every'", "hourly"]),
     ("infinite hook period", {"on_failure_every": "infinity"}, ["'thumbs'", "'on_failure_every'"]),
+    ("preload without a drain", {"preload": ["psycopg"]}, ["'thumbs'", "'preload'", "backlog_exit_code"]),
+    ("preload as a string", {"preload": "psycopg", "backlog_exit_code": 75}, ["'thumbs'", "'preload'", "list"]),
+    ("preload of a path", {"preload": ["app/jobs.py"], "backlog_exit_code": 75}, ["'preload'", "app/jobs.py"]),
+    ("preload of python3 -c", {"preload": ["json"], "backlog_exit_code": 75, "command": "/usr/bin/python3 -c 1"},
+     ["'thumbs'", "'command'", "-m MODULE"]),
+    ("preload of -m without a module", {"preload": ["json"], "backlog_exit_code": 75,
+                                        "command": "/usr/bin/python3 -m"}, ["'command'", "-m MODULE"]),
 ]
 
 
@@ -382,3 +391,66 @@ def test_a_run_fails_with_a_message_when_an_environment_file_is_gone():
     assert consumer["environment_check"].startswith('"/bin/sh" "-c" "for file; do [ -r \\"$$file\\" ]')
     assert consumer["environment_check"].endswith('"environment-check" "/etc/app [1]/%%i.env" "/etc/batchq/mail.env"')
     assert normalize_consumers([{"name": "mail", "command": "/bin/true"}])[0]["environment_check"] is None
+
+
+DRAIN = dict(GOOD, backlog_exit_code=75, preload=["psycopg", "app.jobs", "psycopg"])
+
+
+@pytest.mark.parametrize("command, python, target", [
+    ("/opt/app/venv/bin/python -m app.consume --limit 100", '"/opt/app/venv/bin/python"',
+     '"-m" "app.consume" "--limit" "100"'),
+    ("/usr/bin/python3.11 -u -B /opt/app/consume.py x", '"/usr/bin/python3.11" "-u" "-B"', '"/opt/app/consume.py" "x"'),
+    ("/usr/local/bin/process_queue --limit 100", None, None),
+])
+def test_a_preloaded_command_gives_the_runner_its_python_and_the_batch_its_target(command, python, target):
+    consumer = normalize_consumers([dict(DRAIN, command=command)])[0]
+    assert consumer["preload"] == ["psycopg", "app.jobs"]
+    assert consumer["preload_python"] == python
+    if python:
+        assert consumer["preload_target"] == target and consumer["preload_script"] is None
+    else:  # a script: the host tells its interpreter from its #! line
+        assert consumer["preload_script"] == "/usr/local/bin/process_queue"
+        assert consumer["preload_target"] == '"/usr/local/bin/process_queue" "--limit" "100"'
+
+
+def test_a_preloaded_script_given_to_python_must_exist_on_the_host():
+    consumer = normalize_consumers([dict(DRAIN, command="/usr/bin/python3 /opt/app/consume.py")])[0]
+    assert {"field": "command", "path": "/opt/app/consume.py"} in consumer["required_paths"]
+
+
+def test_no_preload_is_the_default_and_changes_nothing():
+    consumer = normalize_consumers([dict(GOOD, backlog_exit_code=75)])[0]
+    assert consumer["preload"] == [] and consumer["preload_python"] is None and consumer["preload_script"] is None
+
+
+@pytest.mark.parametrize("line, words", [
+    ("#!/usr/bin/python3", ["/usr/bin/python3"]),
+    ("#!/opt/venv/bin/python -u", ["/opt/venv/bin/python", "-u"]),
+    ("#! /usr/bin/python3.9", ["/usr/bin/python3.9"]),
+    ("#!/usr/bin/env python3", ["/usr/bin/env", "python3"]),
+    ("#!/usr/bin/env -S python3 -I", ["/usr/bin/env", "python3", "-I"]),
+    ("#!/bin/sh", None),
+    ("#!/usr/bin/env bash", None),
+    ("#!/usr/bin/python3 -c", None),
+    ("import os", None),
+    ("\x7fELF\x02\x01", None),
+    ("", None),
+    (None, None),
+])
+def test_shebang_python_knows_the_lines_that_run_python(line, words):
+    assert shebang_python(line) == words
+
+
+def test_preload_pythons_come_from_the_command_or_the_hosts_first_line():
+    consumers = normalize_consumers([
+        dict(DRAIN, name="venv", command="/opt/venv/bin/python -m app.consume"),
+        dict(DRAIN, name="script", command="/usr/local/bin/pgqueue --limit 100"),
+        dict(DRAIN, name="shell", command="/usr/local/bin/drain.sh"),
+        dict(GOOD, name="plain"),
+    ])
+    lines = {"/usr/local/bin/pgqueue": "#!/usr/bin/env python3", "/usr/local/bin/drain.sh": "#!/bin/bash"}
+    decided = preload_pythons(consumers, lines, "web1")
+    assert decided["pythons"] == {"venv": '"/opt/venv/bin/python"', "script": '"/usr/bin/env" "python3"'}
+    [problem] = decided["problems"]
+    for word in ("'shell'", "'command'", "/usr/local/bin/drain.sh", "web1", "#!/bin/bash"):
+        assert word in problem

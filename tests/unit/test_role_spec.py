@@ -66,7 +66,8 @@ def test_the_metrics_folder_check_takes_only_what_a_unit_line_can_hold(folder, v
     tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
     check = next(task for task in tasks if task.get("name", "").startswith("Refuse the host, naming every consumer"))
     problems = environment.from_string(check["vars"]["_consumer_problems"]).render(
-        consumer_metrics_dir=folder, _consumer_systemd={"refusal": ""}, _consumer_units=[], _consumer_installed=[],
+        consumer_metrics_dir=folder, _consumer_systemd={"refusal": ""}, _consumer_python={"problems": []},
+        _consumer_units=[], _consumer_installed=[],
         _consumer_answers={"rejected_spans": [], "users": {}, "groups": {}, "missing_paths": []},
         inventory_hostname="host", _consumer_account="batchq")
     assert (problems == "") is valid, problems

@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""A Python consumer that a preloading runner forks (test_preload.py).
+
+Each batch writes down what it found of its process and of the module the
+runner preloaded (heavy), then does what $STATE_DIRECTORY/plan.json says for
+its batch number ({"2": "raise", "default": "exit:75"}): exit:N, raise,
+signal:N, leak:MB (then exit 75), oom, hang, thread (a thread that records
+after the batch's main code ends), children:N (forks N that sleep), sleep:S
+(then exit 75).
+"""
+import atexit
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+import heavy
+
+STATE = os.environ["STATE_DIRECTORY"]
+
+
+def record(**fields):
+    with open(os.path.join(STATE, "batches.jsonl"), "a") as log:
+        log.write(json.dumps(fields) + "\n")
+
+
+def rss_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def plan(number):
+    try:
+        with open(os.path.join(STATE, "plan.json")) as handle:
+            steps = json.load(handle)
+    except FileNotFoundError:
+        return "exit:0"
+    return steps.get(str(number), steps.get("default", "exit:0"))
+
+
+def children(count):
+    """Fork count children that sleep; how many forks the kernel refused."""
+    refused = 0
+    for _child in range(count):
+        try:
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+        except OSError:
+            refused += 1
+    return refused
+
+
+def main():
+    number = int(os.environ["BATCHQ_BATCH"])
+    action = plan(number)
+    record(event="start", batch=number, time=time.time(), pid=os.getpid(), own_group=os.getpgrp() == os.getpid(),
+           argv=sys.argv, path0=sys.path[0], file=__file__, imported_by=heavy.IMPORTED_BY,
+           imported_at=heavy.IMPORTED_AT, seen=list(heavy.SEEN), version=heavy.VERSION, random=random.random(),
+           rss_kib=rss_kib(), invocation=os.environ.get("INVOCATION_ID"), action=action)
+    # what every batch leaves behind in the module: the next must not see it
+    heavy.SEEN.append(number)
+    print("batch %d says hello on stdout" % number)
+    print("batch %d says hello on stderr" % number, file=sys.stderr)
+    atexit.register(record, event="atexit", batch=number)
+    what, value = (action.split(":", 1) + [""])[:2]
+    if what == "exit":
+        sys.exit(int(value))
+    if what == "raise":
+        raise RuntimeError("batch %d raises" % number)
+    if what == "signal":
+        os.kill(os.getpid(), int(value))
+    if what == "leak":
+        heavy.LEAK = bytearray(int(value) * 1024 * 1024)  # touched: zero-filled pages in use
+        for offset in range(0, len(heavy.LEAK), 4096):
+            heavy.LEAK[offset] = 1
+    if what == "oom":
+        hoard = []
+        while True:
+            hoard.append(b"x" * (16 * 1024 * 1024))
+    if what == "hang":
+        time.sleep(600)
+    if what == "thread":
+        def late():
+            time.sleep(0.5)
+            record(event="thread", batch=number)
+        threading.Thread(target=late).start()
+    if what == "children":
+        record(event="children", batch=number, refused=children(int(value)))
+    if what == "sleep":
+        time.sleep(float(value))
+    sys.exit(75)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""A preloaded Python consumer: its runner imports the slow module once per run
+and forks every batch from there, and each batch still runs as `python3
+SCRIPT` would, alone: what one batch does to the module, its memory or its
+process reaches no other. Judged from the records each batch writes
+(files/preloaded/consume.py), systemd and the journal."""
+
+import json
+import time
+
+import pytest
+
+from testlib import journal, memory_kill_result, show, wait_for
+
+MARGIN = 3.0  # seconds of slack for a loaded CI machine
+SCRIPT = "/opt/batchq-preloaded/consume.py"
+FOLDER = "/opt/batchq-preloaded"
+IMPORT_SECONDS = 1.0  # heavy.py's import
+CODE_CHECK_SECONDS = 1.0  # how often the runner looks for changed files (batchq-drain)
+UNIT = "batchq-%s.service"
+
+
+def records(host, name):
+    """The batches' records of a consumer's last run, by batch: {number: {event: record}}."""
+    out = host.run("cat /var/lib/batchq/%s/batches.jsonl 2>/dev/null || true", name).stdout
+    found = {}
+    for line in out.splitlines():
+        record = json.loads(line)
+        found.setdefault(record["batch"], {})[record["event"]] = record
+    return found
+
+
+def run(host, name, plan, wait=True):
+    """Run the consumer once with plan ({batch: action, "default": action});
+    returns how systemd saw the run end (or the unit's state, wait=False)."""
+    unit = UNIT % name
+    host.check_output("rm -f /var/lib/batchq/%s/batches.jsonl && echo %s > /var/lib/batchq/%s/plan.json",
+                      name, json.dumps(plan), name)
+    host.run("systemctl start %s" if wait else "systemctl start --no-block %s", unit)
+    return show(host, unit, "Result", "ExecMainStatus", "ExecMainPID", "InvocationID", "ActiveState")
+
+
+def batch_lines(host, name, invocation):
+    """The journal's entries of a run's batches: [(BATCHQ_BATCH, SYSLOG_IDENTIFIER, MESSAGE)], in order."""
+    out = host.check_output("journalctl --no-pager -o json -u %s _SYSTEMD_INVOCATION_ID=%s", UNIT % name, invocation)
+    entries = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [(e.get("BATCHQ_BATCH"), e.get("SYSLOG_IDENTIFIER"), e.get("MESSAGE")) for e in entries
+            if "MESSAGE_ID" not in e and e.get("SYSLOG_IDENTIFIER") != "batchq-drain"]
+
+
+def test_each_batch_runs_as_python3_script_would_and_alone(host):
+    # a leak, children up to tasks_max, a thread that outlives main(), an uncaught exception
+    ended = run(host, "preloaded", {"1": "leak:64", "2": "children:40", "3": "thread", "4": "raise"})
+    found = records(host, "preloaded")
+    context = journal(host, "preloaded")
+    assert sorted(found) == [1, 2, 3, 4], context
+    starts = [found[n]["start"] for n in range(1, 5)]
+    runner = int(ended["ExecMainPID"])
+    for number, start in enumerate(starts, 1):
+        # imported once, by the runner (the unit's main process), not by the batch
+        assert start["imported_by"] == runner != start["pid"], (start, context)
+        assert start["argv"] == [SCRIPT, "--limit", "5"] and start["file"] == SCRIPT, start
+        assert start["path0"] == FOLDER and start["own_group"], start
+        # what the earlier batches appended to the module's global is gone
+        assert start["seen"] == [], start
+        assert start["invocation"] == ended["InvocationID"], start
+    # each batch its own random state, as the interpreter's fork hooks reset it
+    assert len({start["random"] for start in starts}) == 4, starts
+    # the 64 MiB the first batch held are not in the second
+    assert starts[1]["rss_kib"] < starts[0]["rss_kib"] + 32 * 1024, starts
+    # tasks_max (24) bounds the batch, runner included: some of its 40 forks were refused
+    assert found[2]["children"]["refused"] > 0, found[2]
+    # atexit handlers run, after the thread the batch's main code left running
+    assert all("atexit" in found[n] for n in range(1, 5)), found
+    assert found[3]["thread"], found[3]
+    out = host.check_output("cat /var/lib/batchq/preloaded/batches.jsonl")
+    assert out.index('"event": "thread"') < out.index('"event": "atexit", "batch": 3'), out
+    # the uncaught exception: a traceback and status 1, as python3 gives them
+    assert (ended["Result"], ended["ExecMainStatus"]) == ("exit-code", "1"), (ended, context)
+    lines = batch_lines(host, "preloaded", ended["InvocationID"])
+    for number in range(1, 5):
+        said = [message for batch, identifier, message in lines
+                if batch == str(number) and identifier == "consume.py#%d" % number]
+        assert "batch %d says hello on stdout" % number in said, (lines, context)
+        assert "batch %d says hello on stderr" % number in said, (lines, context)
+    raised = [message for batch, _identifier, message in lines if batch == "4"]
+    assert "Traceback (most recent call last):" in raised and "RuntimeError: batch 4 raises" in raised, raised
+    assert not any("batchq-drain" in message for message in raised), "the runner's frames in the traceback: %s" % raised
+
+
+@pytest.mark.parametrize("plan, result, status", [
+    ({"2": "signal:11"}, "signal", "11"),
+    ({"1": "exit:3"}, "exit-code", "3"),
+    ({"3": "exit:0"}, "success", "0"),
+])
+def test_python3_m_runs_the_module_from_the_working_directory(host, plan, result, status):
+    ended = run(host, "preloaded-m", dict(plan, default="exit:75"))
+    found = records(host, "preloaded-m")
+    context = journal(host, "preloaded-m")
+    assert (ended["Result"], ended["ExecMainStatus"]) == (result, status), (ended, context)
+    assert sorted(found) == list(range(1, int(next(iter(plan))) + 1)), (found, context)
+    for batch in found.values():
+        start = batch["start"]
+        # what -m gives: sys.argv[0] the module's file, sys.path[0] the working directory
+        assert start["argv"] == [FOLDER + "/consume.py", "--limit", "5"], start
+        assert start["path0"] == FOLDER and start["imported_by"] == int(ended["ExecMainPID"]), start
+
+
+@pytest.mark.parametrize("kill", ["oom", "hang"])
+def test_a_batch_killed_for_memory_or_time_leaves_the_next_run_as_preloaded(host, kill):
+    ended = run(host, "preloaded", {"1": "exit:75", "2": kill})
+    context = journal(host, "preloaded")
+    # the run ends as its last batch did: killed for memory (by the kernel), or SIGTERM at its timeout
+    expected = (memory_kill_result(host), "9") if kill == "oom" else ("signal", "15")
+    assert (ended["Result"], ended["ExecMainStatus"]) == expected, (ended, context)
+    # the runner lived on to record the batch's end: the kernel took the batch, not it
+    killed = host.check_output("journalctl --no-pager -o json -u %s _SYSTEMD_INVOCATION_ID=%s MESSAGE_ID=%s",
+                               UNIT % "preloaded", ended["InvocationID"], "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70")
+    ends = [json.loads(line) for line in killed.splitlines()]
+    assert [(e["BATCHQ_BATCH"], e["BATCHQ_RESULT"]) for e in ends] == [
+        ("1", "backlog"), ("2", "signal" if kill == "oom" else "timeout")], (ends, context)
+    again = run(host, "preloaded", {"1": "exit:0"})
+    start = records(host, "preloaded")[1]["start"]
+    assert again["Result"] == "success" and start["seen"] == [] and start["imported_by"] != int(
+        ended["ExecMainPID"]), (again, start)
+
+
+def test_a_changed_preloaded_file_reaches_a_long_drain(host):
+    name, unit = "preloaded", UNIT % "preloaded"
+    try:
+        run(host, name, {"default": "sleep:0.2"}, wait=False)
+        wait_for(lambda: len(records(host, name)) >= 3, 30, "three batches of the drain")
+        # an upgrade without a deploy: the module's file is replaced
+        host.check_output("sed 's/^VERSION = 1$/VERSION = 2/' %s/heavy.py > %s/heavy.new && mv %s/heavy.new %s/heavy.py",
+                          FOLDER, FOLDER, FOLDER, FOLDER)
+        changed = time.time()
+        upgraded = wait_for(lambda: [b["start"] for b in records(host, name).values() if b["start"]["version"] == 2],
+                            30, "a batch under the new code")
+        host.check_output("echo '{\"default\": \"exit:0\"}' > /var/lib/batchq/%s/plan.json", name)
+        wait_for(lambda: show(host, unit, "ActiveState")["ActiveState"] == "inactive", 30, "the drain to end")
+    finally:
+        host.run("sed -i 's/^VERSION = 2$/VERSION = 1/' %s/heavy.py", FOLDER)
+        host.run("systemctl stop %s", unit)
+    ended = show(host, unit, "Result", "InvocationID", "ExecMainPID")
+    context = journal(host, name)
+    found = records(host, name)
+    starts = [found[n]["start"] for n in sorted(found)]
+    # the same run, the same main process (re-executed), the batch numbers going on
+    assert ended["Result"] == "success", (ended, context)
+    assert sorted(found) == list(range(1, len(found) + 1)), found
+    assert {s["invocation"] for s in starts} == {ended["InvocationID"]}, starts
+    assert {s["imported_by"] for s in starts} == {int(ended["ExecMainPID"])}, starts
+    versions = [s["version"] for s in starts]
+    assert versions == sorted(versions) and versions[0] == 1, versions
+    # within a look for changes, the batch then running, and the import again
+    delay = min(s["time"] for s in upgraded) - changed
+    assert delay <= CODE_CHECK_SECONDS + 0.2 + IMPORT_SECONDS + MARGIN, (delay, context)
+    said = host.check_output("journalctl --no-pager -o cat -u %s _SYSTEMD_INVOCATION_ID=%s", unit, ended["InvocationID"])
+    assert "%s/heavy.py changed since the preload" % FOLDER in said, said
+
+
+@pytest.mark.parametrize("name, module, hazard", [("preload-threads", "threaded", "started a thread"),
+                                                  ("preload-socket", "connected", "opened a socket")])
+def test_a_module_unsafe_to_fork_fails_the_run_naming_it(host, name, module, hazard):
+    ended = run(host, name, {"default": "exit:0"})
+    assert (ended["Result"], ended["ExecMainStatus"]) == ("exit-code", "1"), (ended, journal(host, name))
+    assert records(host, name) == {}, "a batch was forked"
+    said = host.check_output("journalctl --no-pager -o cat -u %s _SYSTEMD_INVOCATION_ID=%s", UNIT % name,
+                             ended["InvocationID"])
+    assert "preload: importing %s %s" % (module, hazard) in said, said
