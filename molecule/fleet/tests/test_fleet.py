@@ -16,6 +16,7 @@ the last ones add jobs of their own once the drain is judged.
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import testinfra
@@ -126,6 +127,12 @@ def test_bad_input_fails_before_any_host_changes():
     assert {name: timers_active(name) for name in WORKERS} == before
 
 
+def on_every_worker(command, *args):
+    """Run command on every worker at once: a fault the tests lift must end on all of them together."""
+    with ThreadPoolExecutor(len(WORKERS)) as pool:
+        list(pool.map(lambda name: host(name).check_output(command, *args), WORKERS))
+
+
 def enqueue_tool(name, *args):
     """batchq-pgqueue-enqueue on a worker, connected as its consumers are; (exit status, output)."""
     password = yaml.safe_load((SCENARIO_DIR / "group_vars" / "all.yml").read_text())["pgqueue_password"]
@@ -193,7 +200,7 @@ def test_the_fleet_drains_through_faults():
         unit = host(name).check_output("systemctl cat batchq-pgqueue@.service")
         assert "FLEET_DEPLOY=v2" in unit, unit
 
-    # the poison jobs back off 10, 20 and 40 s between their attempts
+    # the poison jobs back off 12, 24 and 48 s between their attempts
     wait_for(lambda: jobs_by_state().keys() == {"done", "dead"}, 400, "the queue to drain", interval=2)
     FLEET["drained_at"] = time.time()
     # The consumers poll the empty queue every 2 s: pause them so their records hold still.
@@ -325,8 +332,7 @@ def test_an_outage_of_what_the_jobs_call_fails_runs_and_kills_no_job():
     before = {name: consumer_series(scrape(host(name)), "pgqueue", "runs_total") for name in WORKERS}
     code, output = control("resume")
     assert code == 0, output
-    for name in WORKERS:
-        host(name).check_output("touch %s", OUTAGE_FILE)
+    on_every_worker("touch %s", OUTAGE_FILE)
     began = time.time()
     code, output = enqueue_tool(WORKERS[0], str(jobs))
     assert code == 0, output
@@ -334,8 +340,7 @@ def test_an_outage_of_what_the_jobs_call_fails_runs_and_kills_no_job():
     assert code == 0, output
     # the outage lasts as long as the issue says: the time itself is what is tested
     time.sleep(max(0.0, began + OUTAGE_SECONDS - time.time()))
-    for name in WORKERS:
-        host(name).check_output("rm %s", OUTAGE_FILE)
+    on_every_worker("rm %s", OUTAGE_FILE)
     ended = time.time()
     wait_for(lambda: jobs_by_state().get("done", 0) == JOBS - DEAD + jobs, 300, "the drain to go on after the outage",
              interval=2)
