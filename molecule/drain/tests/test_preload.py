@@ -158,9 +158,12 @@ def test_a_changed_preloaded_file_reaches_a_long_drain(host):
     assert "%s/heavy.py changed since the preload" % FOLDER in said, said
 
 
-@pytest.mark.parametrize("name, module, hazard", [("preload-threads", "threaded", "started a thread"),
-                                                  ("preload-socket", "connected", "opened a socket")])
-def test_a_module_unsafe_to_fork_fails_the_run_naming_it(host, name, module, hazard):
+@pytest.mark.parametrize("name, module, hazard", [
+    ("preload-threads", "threaded", "started a thread"),
+    ("preload-socket", "connected", "opened a socket"),
+    ("preload-missing", "not_installed", "failed: ModuleNotFoundError"),
+])
+def test_a_module_unsafe_to_fork_or_missing_fails_the_run_naming_it(host, name, module, hazard):
     ended = run(host, name, {"default": "exit:0"})
     assert (ended["Result"], ended["ExecMainStatus"]) == ("exit-code", "1"), (ended, journal(host, name))
     assert records(host, name) == {}, "a batch was forked"
