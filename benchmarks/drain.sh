@@ -3,6 +3,8 @@
 # and prints what running each batch as a fresh process costs (issue 8).
 # Usage: make collection && benchmarks/drain.sh [ROUNDS]    (ROUNDS >= 3, default 3)
 # Environment: DRAIN_ITEMS (N, default 10000), DRAIN_BATCHES (default "10 100 1000"),
+# DRAIN_VARIANTS (default "a b c w p n d"), DRAIN_IMPORT_SECONDS (how long the
+# Python consumer's import takes, default 0: its standard library only),
 # BATCHQ_IMAGE_DEBIAN12, BATCHQ_IMAGE_DEBIAN13.
 #
 # A queue of N items, 1 ms of busy CPU per item (benchmarks/drain/consumer.c,
@@ -15,6 +17,9 @@
 #   (c) the consumer in a shell loop as root, no systemd: the floor for a
 #       fresh process per batch;
 #   (w) batchq-drain run by hand as root, no unit: the wrapper's own share;
+#   (p) (a) with the same consumer in Python (benchmarks/drain/consumer.py)
+#       and preload: each batch a fork of the runner that imported it once;
+#   (n) (p) without preload: a fresh interpreter and its imports per batch;
 #   (d) today's behaviour: the role's consumer without backlog_exit_code,
 #       interval 1s, the role's default accuracy (1s). A full drain would take
 #       N/B times (B ms + about 2 s), so the figure comes from 5 batches per
@@ -30,6 +35,9 @@ rounds=${1:-3}
 [ "$rounds" -ge 3 ] || { echo "drain.sh: at least 3 rounds" >&2; exit 2; }
 items=${DRAIN_ITEMS:-10000}
 read -r -a batches <<<"${DRAIN_BATCHES:-10 100 1000}"
+read -r -a variants <<<"${DRAIN_VARIANTS:-a b c w p n d}"
+import_seconds=${DRAIN_IMPORT_SECONDS:-0}
+wants() { [[ " ${variants[*]} " == *" $1 "* ]]; }
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
 export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent
 # The deploy playbook escalates; the image has no sudo, and su from root needs no password.
@@ -48,7 +56,14 @@ else
   drain_mode=false
   echo "the installed collection has no backlog_exit_code: (a) is left out"
 fi
+if ! grep -q 'C(preload)' "$role/meta/argument_specs.yml"; then
+  variants=("${variants[@]/p/}") && variants=("${variants[@]/n/}")
+  echo "the installed collection has no preload: (p) and (n) are left out"
+fi
 
+# The Python consumer and what its runner imports once with preload.
+pyconsumer=/usr/local/lib/drain-bench/consumer.py
+pypreload=fcntl$( [ "$import_seconds" != 0 ] && echo ", slowimport")
 # Runs a command in the container being measured.
 inside() { docker exec "$host" "$@"; }
 
@@ -65,6 +80,14 @@ deploy() {
       # batch while the others are timed.
       echo "  - {name: tick-$b, command: '/usr/local/bin/drain-consumer /srv/drain/tick-$b $b', interval: 1s,"
       echo "     state: paused, writable_paths: [/srv/drain/tick-$b]}"
+      # (p) and (n): the Python consumer, with and without preload
+      wants p || wants n || continue
+      echo "  - {name: py-$b, command: '$pyconsumer /srv/drain/py-$b $b', interval: 1h, start_delay: 1s,"
+      echo "     writable_paths: [/srv/drain/py-$b], backlog_exit_code: 75, preload: [$pypreload],"
+      echo "     environment: {BENCH_IMPORT_SECONDS: '$import_seconds'}}"
+      echo "  - {name: pyfresh-$b, command: '$pyconsumer /srv/drain/pyfresh-$b $b', interval: 1h, start_delay: 1s,"
+      echo "     writable_paths: [/srv/drain/pyfresh-$b], backlog_exit_code: 75,"
+      echo "     environment: {BENCH_IMPORT_SECONDS: '$import_seconds'}}"
     done
   } >"$work/consumers.yml"
   ansible-playbook -i "$work/inventory.yml" batchq.consumers.deploy_consumers -e @"$work/consumers.yml" >"$work/deploy.log" \
@@ -105,11 +128,14 @@ run_distro() {
   tools/systemd-container.sh "$host" "$image"
   docker cp -q "$work/consumer" "$host:/usr/local/bin/drain-consumer"
   docker cp -q benchmarks/drain/drain-once.sh "$host:/usr/local/bin/drain-once"
+  inside mkdir -p "${pyconsumer%/*}"
+  docker cp -q benchmarks/drain/consumer.py "$host:$pyconsumer"
+  docker cp -q benchmarks/drain/slowimport.py "$host:${pyconsumer%/*}/slowimport.py"
   for b in "${batches[@]}"; do
     # World-writable: the batches run as the role's account (batchq) under
     # PrivateUsers=, (c) and (w) as root.
-    inside sh -c "mkdir -p /srv/drain/$b /srv/drain/tick-$b && chmod 0777 /srv/drain/$b /srv/drain/tick-$b &&
-      for d in /srv/drain/$b /srv/drain/tick-$b; do echo 0 >\$d/items; : >\$d/batches.log; chmod 0666 \$d/items \$d/batches.log; done"
+    inside sh -c "for d in /srv/drain/$b /srv/drain/tick-$b /srv/drain/py-$b /srv/drain/pyfresh-$b; do
+      mkdir -p \$d && chmod 0777 \$d && echo 0 >\$d/items && : >\$d/batches.log && chmod 0666 \$d/items \$d/batches.log; done"
   done
   deploy
   daemon_units
@@ -136,7 +162,9 @@ run_distro() {
 
   for round in $(seq "$rounds"); do
     for b in "${batches[@]}"; do
-      for variant in $($drain_mode && echo a) b c w; do
+      for variant in a b c w p n; do
+        wants "$variant" || continue
+        [ "$variant" = a ] && ! $drain_mode && continue
         result=$(inside drain-once "$variant" "$b" "$items" "$wrapper")
         echo "$release $variant $b $round $result" | tee -a "$work/results" \
           | awk '{printf "  %s B=%s round %s: %.2fs, %s batches\n", $2, $3, $4, $5, $6}'
@@ -146,6 +174,7 @@ run_distro() {
 
   # (d): 5 batches per round, one run of the timer, batch starts from the log.
   for b in "${batches[@]}"; do
+    wants d || continue
     inside sh -c "echo $(((rounds * 5 + 2) * b)) >/srv/drain/tick-$b/items; : >/srv/drain/tick-$b/batches.log"
     inside systemctl start "batchq-tick-$b.timer"
     for _ in $(seq $((rounds * 5 * (b / 1000 + 3) + 30))); do

@@ -4,14 +4,17 @@
 # (issue 9). Prints jobs/s for each and the ratio.
 # Usage: make collection images && benchmarks/fleet.sh [ROUNDS]   (default 3)
 # Environment: FLEET_JOBS (default 10000), FLEET_WORK_MS (default 2), FLEET_LIMIT
-# (batch size, default 100), BATCHQ_HOST_PREFIX (container names, default batchq).
+# (batch size, default 100), FLEET_COUNTS (instances, default "1 2 4 6"),
+# BATCHQ_HOST_PREFIX (container names, default batchq).
 #
 # Hosts: one PostgreSQL host (Debian's postgresql, examples/postgresql_queue/
 # database.yml) and three workers (two Debian 12, one Debian 13) on a network of
-# their own. Both variants run examples/postgresql_queue/batchq-pgqueue:
+# their own. Every variant runs examples/postgresql_queue/batchq-pgqueue:
 #   consumer: the role's units (backlog_exit_code: 75, default sandbox), one
 #             `systemctl start` per instance; batchq-drain runs batch after
 #             batch, each a fresh process with a fresh connection;
+#   preload:  the same with preload: [psycopg]: each batch a fork of the
+#             runner that imported psycopg once, with a fresh connection;
 #   daemon:   `batchq-pgqueue --loop` in a transient service (systemd-run, no
 #             sandbox): one process and one connection for the whole drain.
 # Each run ends when a batch leaves no due job behind; its drain time is
@@ -57,11 +60,42 @@ consumer_list:
     state: paused
     environment: {PGHOST: $database, PGDATABASE: batchq, PGUSER: batchq}
     secret_environment: {PGPASSWORD: "{{ pgqueue_password }}"}
+  - name: pgpreload
+    command: /usr/local/bin/batchq-pgqueue --limit $limit --work-ms $work_ms
+    backlog_exit_code: 75
+    preload: [psycopg]
+    instances: 2
+    state: paused
+    environment: {PGHOST: $database, PGDATABASE: batchq, PGUSER: batchq}
+    secret_environment: {PGPASSWORD: "{{ pgqueue_password }}"}
 EOF
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/database.yml >/dev/null
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/deploy.yml >/dev/null
 
 sql() { docker exec "$database" runuser -u postgres -- psql -d batchq -AtX -v ON_ERROR_STOP=1 -c "$1"; }
+
+# What a batch pays before its first job, beside its work: a connection as the
+# consumer makes it (libpq's defaults: TLS when the server offers it, SCRAM),
+# and a fork of a process that has imported psycopg; means of 50, on one worker.
+docker exec -e PGHOST="$database" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
+  "${workers[0]}" python3 -c '
+import os, time, psycopg
+connection = psycopg.connect()
+tls = connection.pgconn.ssl_in_use
+connection.close()
+began = time.perf_counter()
+for _ in range(50):
+    psycopg.connect().close()
+connect = (time.perf_counter() - began) / 50
+began = time.perf_counter()
+for _ in range(50):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+fork = (time.perf_counter() - began) / 50
+print("a connection (%s, SCRAM): %.1f ms; a fork of a process with psycopg imported: %.1f ms"
+      % ("TLS" if tls else "no TLS", connect * 1000, fork * 1000))'
 
 # The instances of a run of N: spread over the workers, worker by worker.
 placement() {
@@ -79,6 +113,8 @@ drain() {
   while read -r w i; do
     if [ "$variant" = consumer ]; then
       docker exec "${workers[$w]}" systemctl start --no-block "batchq-pgqueue@$i.service"
+    elif [ "$variant" = preload ]; then
+      docker exec "${workers[$w]}" systemctl start --no-block "batchq-pgpreload@$i.service"
     else
       docker exec "${workers[$w]}" systemd-run --quiet --collect --unit="bench-daemon-$i" \
         -E PGHOST="$database" -E PGDATABASE=batchq -E PGUSER=batchq -E PGPASSWORD="$password" \
@@ -88,29 +124,29 @@ drain() {
   # every unit of the run has ended (waited for inside each worker, not polled from here)
   for w in 0 1 2; do
     docker exec "${workers[$w]}" sh -c 'while systemctl list-units --plain --no-legend --state=active,activating,deactivating \
-                                          "batchq-pgqueue@*.service" "bench-daemon-*.service" | grep -q .; do sleep 0.1; done'
+                                          "batchq-pg*@*.service" "bench-daemon-*.service" | grep -q .; do sleep 0.1; done'
   done
   [ "$(sql "SELECT count(*) FROM batchq_jobs WHERE state = 'done'")" = "$jobs" ] \
     || { echo "fleet.sh: $variant x$n left jobs undone" >&2; exit 1; }
   sql "SELECT round($jobs / (extract(epoch FROM max(done_at)) - $started)) FROM batchq_jobs"
 }
 
-counts=(1 2 4 6)
+read -r -a counts <<<"${FLEET_COUNTS:-1 2 4 6}"
 declare -A rates
 for ((round = 1; round <= rounds; round++)); do
   for n in "${counts[@]}"; do
-    for variant in consumer daemon; do
+    for variant in consumer preload daemon; do
       rates[$variant$n]+="$(drain "$variant" "$n") "
     done
-    echo "round $round, $n: consumers ${rates[consumer$n]}/ daemons ${rates[daemon$n]}" >&2
+    echo "round $round, $n: consumers ${rates[consumer$n]}/ preload ${rates[preload$n]}/ daemons ${rates[daemon$n]}" >&2
   done
 done
 
 median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "jobs $jobs, work ${work_ms} ms a job, batch $limit, median of $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| instances | consumers jobs/s | daemons jobs/s | consumers / daemons |"
-echo "| --- | --- | --- | --- |"
+echo "| instances | consumers jobs/s | with preload | daemons jobs/s | consumers / daemons | with preload / daemons |"
+echo "| --- | --- | --- | --- | --- | --- |"
 for n in "${counts[@]}"; do
-  c=$(median <<<"${rates[consumer$n]}") d=$(median <<<"${rates[daemon$n]}")
-  awk -v n="$n" -v c="$c" -v d="$d" 'BEGIN {printf "| %d | %d | %d | %.2f |\n", n, c, d, c / d}'
+  c=$(median <<<"${rates[consumer$n]}") p=$(median <<<"${rates[preload$n]}") d=$(median <<<"${rates[daemon$n]}")
+  awk -v n="$n" -v c="$c" -v p="$p" -v d="$d" 'BEGIN {printf "| %d | %d | %d | %d | %.2f | %.2f |\n", n, c, p, d, c / d, p / d}'
 done

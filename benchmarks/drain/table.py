@@ -3,8 +3,9 @@
 Usage: python3 table.py STARTS RESULTS ITEMS
 STARTS: "RELEASE<tab>versions<tab>TEXT", "RELEASE<tab>load<tab>LOADAVG" and
 "RELEASE<tab>start<tab>WHAT<tab>MS" lines.
-RESULTS: "RELEASE VARIANT B ROUND SECONDS BATCHES ITEMS" lines; for (d) the
-seconds of 5 consecutive batch periods, for the others of one whole drain.
+RESULTS: "RELEASE VARIANT B ROUND SECONDS BATCHES ITEMS [SPAN]" lines; for (d)
+the seconds of 5 consecutive batch periods, for the others of one whole drain,
+and SPAN the seconds from its first batch's start to its last batch's end.
 """
 
 import statistics
@@ -17,6 +18,8 @@ VARIANTS = {
     "b": "(b) Type=simple daemon",
     "c": "(c) shell loop, no systemd",
     "w": "(w) batchq-drain by hand",
+    "p": "(p) Python, preload",
+    "n": "(n) Python, no preload",
     "d": "(d) interval 1s, no backlog",
 }
 
@@ -46,15 +49,17 @@ def main(starts_path, results_path, drain_items):
     runs = defaultdict(dict)
     with open(results_path) as results_file:
         for line in results_file:
-            release, variant, batch, round_, seconds, batches, items = line.split()
-            runs[release, int(batch)][variant, int(round_)] = (float(seconds), int(batches), int(items))
+            release, variant, batch, round_, seconds, batches, items, *span = line.split()
+            runs[release, int(batch)][variant, int(round_)] = (float(seconds), int(batches), int(items),
+                                                             float(span[0]) if span else None)
 
     for release in sorted(versions):
         print("Debian %s (%s), N = %d items, 1 ms of busy CPU per item" % (release, versions[release], drain_items))
         print("  load average of the machine (1, 5, 15 min) before and after: %s" % "; ".join(loads[release]))
         for what, ms in starts[release]:
             print("  start of %s: %.2f ms (fork+exec+exit from a bash loop, mean)" % (what, ms))
-        head = ("variant", "B", "drain s", "items/s", "ms/batch beyond work", "÷ (b)", "÷ (c)")
+        head = ("variant", "B", "drain s", "items/s", "ms/batch beyond work", "the same after the first batch",
+                "÷ (b)", "÷ (c)")
         rows = [head]
         for batch in sorted(b for r, b in runs if r == release):
             table = runs[release, batch]
@@ -62,11 +67,14 @@ def main(starts_path, results_path, drain_items):
                 rounds = sorted(r for v, r in table if v == variant)
                 if not rounds:
                     continue
-                drain, rate, extra, over_b, over_c = [], [], [], [], []
+                drain, rate, extra, later, over_b, over_c = [], [], [], [], [], []
                 for round_ in rounds:
-                    seconds, batches, items = table[variant, round_]
+                    seconds, batches, items, span = table[variant, round_]
                     rate.append(items / seconds)
                     extra.append((seconds * 1000 - items * WORK_MS) / batches)
+                    if span is not None and batches > 1:
+                        # what each batch after the first costs: the run's start and the first batch's start left out
+                        later.append((span * 1000 - items * WORK_MS) / (batches - 1))
                     # (d) timed 5 batches: its drain time is that rate over N items.
                     drain.append(seconds * drain_items / items)
                     for base, ratios in (("b", over_b), ("c", over_c)):
@@ -76,6 +84,7 @@ def main(starts_path, results_path, drain_items):
                 rows.append((
                     VARIANTS[variant] + (" *" if variant == "d" else ""), str(batch),
                     spread(drain, "%.2f"), "%.0f" % statistics.median(rate), spread(extra, "%.2f"),
+                    spread(later, "%.2f") if later else "",
                     ratio(over_b), ratio(over_c),
                 ))
         widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
