@@ -10,8 +10,10 @@ import time
 
 from conftest import DATABASE, EXAMPLE, docker, sql, states, wait_for
 
-# The example's server-side bound on a batch's pauses (batchq-pgqueue's connection options).
-IDLE_IN_TRANSACTION_S = 60
+# The server's idle-in-transaction timeout for the batch of the test below, set
+# as a consumer's environment would (PGOPTIONS comes after the consumer's own
+# 60 s, so it wins): the batch outlasts it by far, and speaks while it works.
+IDLE_IN_TRANSACTION_S = 3
 # batchq-pgqueue's CLAIM_GRACE: a running job whose batch is gone is taken back this long after its claim.
 CLAIM_GRACE_S = 10
 
@@ -58,11 +60,12 @@ def test_enqueue_and_stats(client, queue):
 
 
 def test_a_batch_whose_work_outlasts_the_idle_in_transaction_timeout_commits(client, queue):
-    # 2 s a job, 31 jobs: 62 s between the claim and the writes, each job well within the bound.
-    jobs = IDLE_IN_TRANSACTION_S // 2 + 1
+    # 2 s a job, 4 jobs: 8 s between the claim and the writes, each job within the bound.
+    jobs = 4
     enqueue(client, queue, jobs)
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "100", "--work-ms", "2000",
-                              state="/tmp/" + queue, timeout=IDLE_IN_TRANSACTION_S + 60)
+                              state="/tmp/" + queue, timeout=60,
+                              env={"PGOPTIONS": "-c idle_in_transaction_session_timeout=%ds" % IDLE_IN_TRANSACTION_S})
     assert code == 0, output
     assert states(queue) == {"done": jobs}
     assert sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
