@@ -6,9 +6,9 @@
 # under the newest; `default` under the oldest on Debian 11, and the short
 # `compat` scenario under each other release on one host, a different Debian
 # for each, inside that release's target Pythons (README: Support). Two
-# lanes run side by side, each part after part: the newest's three longest
-# scenarios in one; the unit and sanity checks, the single-host runs, info
-# and fleet in the other.
+# lanes run side by side, each part after part, about half the minutes in each.
+# It builds the images first (`make images controller-image`), and with
+# MATRIX_LINT=1 (`make test`) runs `make lint rules` meanwhile.
 # MATRIX_ONLY=REGEX runs only the parts it matches.
 # Each part logs to .cache/matrix/PART.log; a summary with each part's minutes
 # closes the run, and a failed part fails it.
@@ -16,19 +16,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 oldest=2.16 newest=2.21
-# The lanes are balanced by the minutes each part took (CONTRIBUTING.md):
-# about 25 each.
-heavy=(
+# The lanes are balanced by the minutes each part took (CONTRIBUTING.md).
+first=(
   "$newest molecule SCENARIOS=default"
   "$newest molecule SCENARIOS=faults"
-  "$newest molecule SCENARIOS=drain"
-)
-light=(
+  "$newest molecule SCENARIOS=info"
   "$oldest unit sanity"
+)
+second=(
   "$newest unit sanity"
   "$oldest pgqueue"
   "$oldest molecule SCENARIOS=default PLATFORM=debian11"
-  "$newest molecule SCENARIOS=info"
+  "$newest molecule SCENARIOS=drain"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
   "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
   "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
@@ -36,18 +35,23 @@ light=(
   "$newest molecule SCENARIOS=fleet"
 )
 only() { printf '%s\n' "$@" | grep -E -- "${MATRIX_ONLY:-.}" || true; }
-mapfile -t heavy < <(only "${heavy[@]}")
-mapfile -t light < <(only "${light[@]}")
+mapfile -t first < <(only "${first[@]}")
+mapfile -t second < <(only "${second[@]}")
 jobs=2
 logs=.cache/matrix
 rm -rf "$logs" && mkdir -p "$logs"
 
 run() {  # PART [MAKE OPTIONS]: runs it, then writes its verdict and minutes to its .result
+  # PART: "RELEASE TARGETS..." (make under that ansible-core) or "make TARGETS..." (this tree's .venv)
   local name=${1// /-} began=$SECONDS status=passed words
   name=${name//SCENARIOS=/}
   name=${name//PLATFORM=/}
   read -ra words <<<"$1"
-  tools/ansible-core.sh "${words[@]}" "${@:2}" >"$logs/$name.log" 2>&1 || status=FAILED
+  if [ "${words[0]}" = make ]; then
+    make "${words[@]:1}" >"$logs/$name.log" 2>&1 || status=FAILED
+  else
+    tools/ansible-core.sh "${words[@]}" "${@:2}" >"$logs/$name.log" 2>&1 || status=FAILED
+  fi
   awk -v part="$1" -v status=$status -v s=$((SECONDS - began)) \
     'BEGIN { printf "%-36s %-7s %5.1f min\n", part, status, s / 60 }' | tee "$logs/$name.result"
 }
@@ -68,13 +72,24 @@ failed() { grep -l FAILED "$logs"/*.result 2>/dev/null; }
 
 start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
-mapfile -t setups < <(printf '%s\n' "${heavy[@]}" "${light[@]}" | cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
+# Releases before 2.20 install on this machine, and so do lint and the alert
+# rules: all of that runs while the images build (minutes on a fresh machine).
+# 2.20 and later install in the controller image.
+mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
+local_setups=() image_setups=()
+for setup in "${setups[@]}"; do
+  minor=$(echo "$setup" | cut -d' ' -f1 | cut -d. -f2)
+  if [ "$minor" -lt 20 ]; then local_setups+=("$setup"); else image_setups+=("$setup"); fi
+done
 options=()
-pool "${setups[@]}"
+pool "make images controller-image" ${MATRIX_LINT:+"make lint rules"} "${local_setups[@]}"
+if ! failed >/dev/null; then
+  pool "${image_setups[@]}"
+fi
 options=(-o collection)
 if ! failed >/dev/null; then
-  lane "${heavy[@]}" &
-  lane "${light[@]}" &
+  lane "${first[@]}" &
+  lane "${second[@]}" &
   wait
 fi
 
