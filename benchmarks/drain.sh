@@ -63,7 +63,8 @@ fi
 
 # The Python consumer and what its runner imports once with preload.
 pyconsumer=/usr/local/lib/drain-bench/consumer.py
-pypreload=fcntl$( [ "$import_seconds" != 0 ] && echo ", slowimport")
+pypreload=fcntl
+[ "$import_seconds" = 0 ] || pypreload+=", slowimport"
 # Runs a command in the container being measured.
 inside() { docker exec "$host" "$@"; }
 
