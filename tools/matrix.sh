@@ -8,7 +8,7 @@
 # for each, inside that release's target Pythons (README: Support). Two
 # lanes run side by side, each part after part, about half the minutes in each.
 # It builds the images first (`make images controller-image`), and with
-# MATRIX_LINT=1 (`make test`) runs `make lint rules` meanwhile.
+# MATRIX_LINT=1 (`make test`) runs `make lint` meanwhile and `make rules` after.
 # MATRIX_ONLY=REGEX runs only the parts it matches.
 # Each part logs to .cache/matrix/PART.log; a summary with each part's minutes
 # closes the run, and a failed part fails it.
@@ -72,9 +72,10 @@ failed() { grep -l FAILED "$logs"/*.result 2>/dev/null; }
 
 start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
-# Releases before 2.20 install on this machine, and so do lint and the alert
-# rules: all of that runs while the images build (minutes on a fresh machine).
-# 2.20 and later install in the controller image.
+# Releases before 2.20 install on this machine, and so does lint: all of that
+# runs while the images build (minutes on a fresh machine). 2.20 and later
+# install in the controller image; the alert rules' check waits too, because
+# it may run apt-get, as the engine's install does (one apt at a time).
 mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
 local_setups=() image_setups=()
 for setup in "${setups[@]}"; do
@@ -82,9 +83,9 @@ for setup in "${setups[@]}"; do
   if [ "$minor" -lt 20 ]; then local_setups+=("$setup"); else image_setups+=("$setup"); fi
 done
 options=()
-pool "make images controller-image" ${MATRIX_LINT:+"make lint rules"} "${local_setups[@]}"
+pool "make images controller-image" ${MATRIX_LINT:+"make lint"} "${local_setups[@]}"
 if ! failed >/dev/null; then
-  pool "${image_setups[@]}"
+  pool ${MATRIX_LINT:+"make rules"} "${image_setups[@]}"
 fi
 options=(-o collection)
 if ! failed >/dev/null; then
