@@ -522,6 +522,9 @@ def normalize_consumer(raw, defaults, prefix):
     argv = None if item["command"] is None else split_command(name, item["command"])
     preload = _preload(name, item["preload"], backlog)
     python, target = preload_command(name, argv) if preload and argv else (None, None)
+    if python and target[0] == "-m" and target[1] in preload:
+        _fail(name, "preload", "%s is the module the command runs, afresh in each batch: preload what it imports"
+              % target[1])
     hooks = {field: None if item[field] is None else split_command(name, item[field], field) for field in HOOK_KEYS}
     # Also for a drain, whose ExecStart= names the runner: verify never sees the command.
     required_paths = [{"field": "command", "path": argv[0]}] if argv else []

@@ -217,6 +217,8 @@ BAD = [
     ("preload of a path", {"preload": ["app/jobs.py"], "backlog_exit_code": 75}, ["'preload'", "app/jobs.py"]),
     ("preload of python3 -c", {"preload": ["json"], "backlog_exit_code": 75, "command": "/usr/bin/python3 -c 1"},
      ["'thumbs'", "'command'", "-m MODULE"]),
+    ("preload of the module it runs", {"preload": ["app.consume"], "backlog_exit_code": 75,
+                                       "command": "/usr/bin/python3 -m app.consume"}, ["'preload'", "app.consume"]),
     ("preload of -m without a module", {"preload": ["json"], "backlog_exit_code": 75,
                                         "command": "/usr/bin/python3 -m"}, ["'command'", "-m MODULE"]),
 ]

@@ -170,3 +170,28 @@ def test_a_module_unsafe_to_fork_or_missing_fails_the_run_naming_it(host, name, 
     said = host.check_output("journalctl --no-pager -o cat -u %s _SYSTEMD_INVOCATION_ID=%s", UNIT % name,
                              ended["InvocationID"])
     assert "preload: importing %s %s" % (module, hazard) in said, said
+
+
+def test_a_stop_asked_during_the_preload_starts_no_batch(host):
+    # as a deploy or a pause asks it (SIGUSR1: finish this batch, start no other), while the runner imports
+    name, unit = "preloaded", UNIT % "preloaded"
+    host.check_output("systemctl stop batchq-preloaded.timer")  # or the drain would go on at once
+    # an import of 10 s (the manager's environment reaches the run): the stop comes while it lasts
+    host.check_output("systemctl set-environment HEAVY_IMPORT_SECONDS=10")
+    try:
+        run(host, name, {"default": "exit:75"}, wait=False)
+        wait_for(lambda: "drain started" in host.run("journalctl --no-pager -o cat -u %s _SYSTEMD_INVOCATION_ID=%s",
+                                                     unit, show(host, unit, "InvocationID")["InvocationID"]).stdout,
+                 30, "the runner to start")
+        host.check_output("systemctl kill --kill-who=main --signal=SIGUSR1 %s", unit)
+        wait_for(lambda: show(host, unit, "ActiveState")["ActiveState"] == "inactive", 30, "the run to end")
+    finally:
+        host.check_output("systemctl unset-environment HEAVY_IMPORT_SECONDS")
+        ended = show(host, unit, "Result", "ExecMainStatus")
+        found = records(host, name)
+        # a run the timer may start now takes one batch that finds nothing to do
+        host.check_output("echo '{\"default\": \"exit:0\"}' > /var/lib/batchq/%s/plan.json", name)
+        host.check_output("systemctl start batchq-preloaded.timer")
+    # a success that leaves work waiting, as any drain stopped between batches, long before the import ended
+    assert ended == {"Result": "success", "ExecMainStatus": "75"}, (ended, journal(host, name))
+    assert found == {}, "a batch started after the stop"
