@@ -19,22 +19,24 @@ CODE_CHECK_SECONDS = 1.0  # how often the runner looks for changed files (batchq
 UNIT = "batchq-%s.service"
 
 
-def records(host, name):
-    """The batches' records of a consumer's last run, by batch: {number: {event: record}}."""
+def records(host, name, batch_records=True):
+    """The batches' records of a consumer's last run, by batch: {number: {event: record}};
+    with batch_records=False, the records of the runner's own exit (the preload's atexit handler)."""
     out = host.run("cat /var/lib/batchq/%s/batches.jsonl 2>/dev/null || true", name).stdout
     found = {}
     for line in out.splitlines():
         record = json.loads(line)
         found.setdefault(record["batch"], {})[record["event"]] = record
-    return found
+    runner = found.pop("runner", {})
+    return found if batch_records else runner
 
 
 def run(host, name, plan, wait=True):
     """Run the consumer once with plan ({batch: action, "default": action});
     returns how systemd saw the run end (or the unit's state, wait=False)."""
     unit = UNIT % name
-    host.check_output("rm -f /var/lib/batchq/%s/batches.jsonl && echo %s > /var/lib/batchq/%s/plan.json",
-                      name, json.dumps(plan), name)
+    host.check_output("rm -f /var/lib/batchq/%s/batches.jsonl /var/lib/batchq/%s/left-open-* && "
+                      "echo %s > /var/lib/batchq/%s/plan.json", name, name, json.dumps(plan), name)
     host.run("systemctl start %s" if wait else "systemctl start --no-block %s", unit)
     return show(host, unit, "Result", "ExecMainStatus", "ExecMainPID", "InvocationID", "ActiveState")
 
@@ -69,8 +71,14 @@ def test_each_batch_runs_as_python3_script_would_and_alone(host):
     assert starts[1]["rss_kib"] < starts[0]["rss_kib"] + 32 * 1024, starts
     # tasks_max (24) bounds the batch, runner included: some of its 40 forks were refused
     assert found[2]["children"]["refused"] > 0, found[2]
-    # atexit handlers run, after the thread the batch's main code left running
+    # atexit handlers run, after the thread the batch's main code left running; the
+    # preload's own handler only once, in the runner, when the run ends
     assert all("atexit" in found[n] for n in range(1, 5)), found
+    assert records(host, "preloaded", batch_records=False)["preload-atexit"]["pid"] == runner, found
+    assert host.check_output("grep -c preload-atexit /var/lib/batchq/preloaded/batches.jsonl") == "1"
+    # a file each batch left open is flushed at its end, as the interpreter's exit does
+    assert host.check_output("cat /var/lib/batchq/preloaded/left-open-*.txt").splitlines() == [
+        "batch %d" % n for n in range(1, 5)]
     assert found[3]["thread"], found[3]
     out = host.check_output("cat /var/lib/batchq/preloaded/batches.jsonl")
     assert out.index('"event": "thread"') < out.index('"event": "atexit", "batch": 3'), out

@@ -19,6 +19,7 @@ import time
 import heavy
 
 STATE = os.environ["STATE_DIRECTORY"]
+LEFT_OPEN = None
 
 
 def record(**fields):
@@ -65,6 +66,10 @@ def main():
     print("batch %d says hello on stdout" % number)
     print("batch %d says hello on stderr" % number, file=sys.stderr)
     atexit.register(record, event="atexit", batch=number)
+    # left open, as careless code does: the interpreter's exit flushes it
+    global LEFT_OPEN  # pylint: disable=global-statement
+    LEFT_OPEN = open(os.path.join(STATE, "left-open-%d.txt" % number), "w")
+    LEFT_OPEN.write("batch %d\n" % number)
     what, value = (action.split(":", 1) + [""])[:2]
     if what == "exit":
         sys.exit(int(value))
