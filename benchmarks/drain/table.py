@@ -50,8 +50,8 @@ def main(starts_path, results_path, drain_items):
     with open(results_path) as results_file:
         for line in results_file:
             release, variant, batch, round_, seconds, batches, items, *span = line.split()
-            runs[release, int(batch)][variant, int(round_)] = (float(seconds), int(batches), int(items),
-                                                             float(span[0]) if span else None)
+            runs[release, int(batch)][variant, int(round_)] = (
+                float(seconds), int(batches), int(items), float(span[0]) if span else None)
 
     for release in sorted(versions):
         print("Debian %s (%s), N = %d items, 1 ms of busy CPU per item" % (release, versions[release], drain_items))
