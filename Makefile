@@ -1,4 +1,4 @@
-# On a fresh Debian machine, `make demo` and `make test` install what they need.
+# On a fresh Debian machine, `make demo`, `make docs` and `make test` install what they need.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3.11
@@ -9,6 +9,8 @@ BIN := $(abspath $(VENV))/bin
 CACHE ?= $(abspath .cache)
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
+# The docs site's tools (antsibull-docs, Sphinx, matplotlib) in a venv of their own.
+DOCS_VENV ?= $(CACHE)/docs-venv
 SCENARIOS ?= default info faults drain fleet
 # The controller for ansible-core 2.20 and later, which need Python 3.12+.
 CONTROLLER_IMAGE ?= batchq/controller:trixie
@@ -22,8 +24,9 @@ export ANSIBLE_FORCE_COLOR := false
 # copy here, not in the user's home where it would outlive the next build.
 export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
+export DOCS_VENV
 
-.PHONY: test matrix demo demo-down lint sanity unit pgqueue rules molecule images controller-image engine collection clean
+.PHONY: test matrix demo demo-down docs lint sanity unit pgqueue rules molecule images controller-image engine collection clean
 
 # lint and the alert rules once, while the images build; unit, sanity and
 # molecule under every supported ansible-core (tools/matrix.sh).
@@ -46,6 +49,11 @@ $(VENV)/.installed: $(REQUIREMENTS)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r $(REQUIREMENTS)
 	touch $@
 
+$(DOCS_VENV)/.installed: requirements/docs.txt
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/docs.txt
+	touch $@
+
 engine:
 	tools/docker-engine.sh
 
@@ -62,13 +70,18 @@ controller-image: engine
 collection: $(VENV)/.installed
 	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq $(ANSIBLE_HOME)/collections
 	ansible-galaxy collection build --force --output-path $(CACHE)/build . >/dev/null
-	@! tar -tzf $(TARBALL) | grep -E '^(molecule|tests|tools|requirements|\.ci)/' || { echo "test files in the tarball" >&2; exit 1; }
+	@! tar -tzf $(TARBALL) | grep -E '^(molecule|tests|tools|requirements|\.ci|\.cache)/' || { echo "test files in the tarball" >&2; exit 1; }
 	ansible-galaxy collection install --force -p $(CACHE)/collections $(TARBALL) >/dev/null
 	@echo "installed $(TARBALL)"
 
-lint: collection
+# The docs site in .cache/docs/html, from the installed tarball (tools/docs.sh).
+docs: collection $(DOCS_VENV)/.installed
+	tools/docs.sh build
+
+lint: collection $(DOCS_VENV)/.installed
 	yamllint --strict .
 	ansible-lint
+	tools/docs.sh lint
 	@for plugin in module:consumer_info module:consumer_units module:consumer_files module:consumer_deployed module:consumer_preflight role:consumer filter:consumers \
 	    filter:consumer_leftovers filter:consumer_metrics_files filter:consumer_systemd filter:consumer_python \
 	    filter:consumer_status_table filter:consumer_status_problems; do \
