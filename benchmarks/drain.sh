@@ -5,7 +5,13 @@
 # Environment: DRAIN_ITEMS (N, default 10000), DRAIN_BATCHES (default "10 100 1000"),
 # DRAIN_VARIANTS (default "a b c w p n d"), DRAIN_IMPORT_SECONDS (how long the
 # Python consumer's import takes, default 0: its standard library only),
-# BATCHQ_IMAGE_DEBIAN12, BATCHQ_IMAGE_DEBIAN13.
+# BATCHQ_IMAGE_DEBIAN12, BATCHQ_IMAGE_DEBIAN13, BENCH_PLOT_DIR (below).
+#
+# The last table (ms a batch beyond its work after the run's first batch, by B)
+# is also drawn (benchmarks/plot.py, matplotlib of the docs venv, which `make`
+# installs) as BENCH_PLOT_DIR/drain-VARIANTS.png (e.g. drain-acpn.png for
+# DRAIN_VARIANTS="a c p n"); BENCH_PLOT_DIR defaults to docs/docsite/rst/images,
+# the performance guide's pictures, and an empty BENCH_PLOT_DIR draws nothing.
 #
 # A queue of N items, 1 ms of busy CPU per item (benchmarks/drain/consumer.c,
 # a static C program: its own start is measured and printed), batch size B:
@@ -200,7 +206,15 @@ main() {
   run_distro 12 "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
   run_distro 13 "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}"
   echo
-  python3 benchmarks/drain/table.py "$work/starts" "$work/results" "$items"
+  python3 benchmarks/drain/table.py "$work/starts" "$work/results" "$items" | tee "$work/table"
+  local plot_dir=${BENCH_PLOT_DIR-docs/docsite/rst/images} name
+  if [ -n "$plot_dir" ]; then
+    name=$(printf '%s' "${variants[@]}")
+    make -s "$PWD/.cache/docs-venv/.installed"
+    mkdir -p "$plot_dir"
+    .cache/docs-venv/bin/python benchmarks/plot.py drain "$work/table" "$plot_dir/drain-$name.png" \
+      "A drain's cost per batch, $items items"
+  fi
 }
 main
 exit

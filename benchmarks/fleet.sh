@@ -5,7 +5,12 @@
 # Usage: make collection images && benchmarks/fleet.sh [ROUNDS]   (default 3)
 # Environment: FLEET_JOBS (default 10000), FLEET_WORK_MS (default 2), FLEET_LIMIT
 # (batch size, default 100), FLEET_COUNTS (instances, default "1 2 4 6"),
-# BATCHQ_HOST_PREFIX (container names, default batchq).
+# BATCHQ_HOST_PREFIX (container names, default batchq), BENCH_PLOT_DIR (below).
+#
+# The table is also drawn (benchmarks/plot.py, matplotlib of the docs venv,
+# which `make` installs) as BENCH_PLOT_DIR/fleet-batchLIMIT.png, throughput
+# against instances; BENCH_PLOT_DIR defaults to docs/docsite/rst/images, the
+# performance guide's pictures, and an empty BENCH_PLOT_DIR draws nothing.
 #
 # Hosts: one PostgreSQL host (Debian's postgresql, examples/postgresql_queue/
 # database.yml) and three workers (two Debian 12, one Debian 13) on a network of
@@ -144,9 +149,20 @@ done
 
 median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "jobs $jobs, work ${work_ms} ms a job, batch $limit, median of $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| instances | consumers jobs/s | with preload | daemons jobs/s | consumers / daemons | with preload / daemons |"
-echo "| --- | --- | --- | --- | --- | --- |"
-for n in "${counts[@]}"; do
-  c=$(median <<<"${rates[consumer$n]}") p=$(median <<<"${rates[preload$n]}") d=$(median <<<"${rates[daemon$n]}")
-  awk -v n="$n" -v c="$c" -v p="$p" -v d="$d" 'BEGIN {printf "| %d | %d | %d | %d | %.2f | %.2f |\n", n, c, p, d, c / d, p / d}'
-done
+table=$(mktemp)
+{
+  echo "| instances | consumers jobs/s | with preload | daemons jobs/s | consumers / daemons | with preload / daemons |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  for n in "${counts[@]}"; do
+    c=$(median <<<"${rates[consumer$n]}") p=$(median <<<"${rates[preload$n]}") d=$(median <<<"${rates[daemon$n]}")
+    awk -v n="$n" -v c="$c" -v p="$p" -v d="$d" 'BEGIN {printf "| %d | %d | %d | %d | %.2f | %.2f |\n", n, c, p, d, c / d, p / d}'
+  done
+} | tee "$table"
+plot_dir=${BENCH_PLOT_DIR-docs/docsite/rst/images}
+if [ -n "$plot_dir" ]; then
+  make -s "$PWD/.cache/docs-venv/.installed"
+  mkdir -p "$plot_dir"
+  .cache/docs-venv/bin/python benchmarks/plot.py fleet "$table" "$plot_dir/fleet-batch$limit.png" \
+    "One PostgreSQL queue, batches of $limit"
+fi
+rm -f "$table"

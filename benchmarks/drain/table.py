@@ -97,6 +97,23 @@ def main(starts_path, results_path, drain_items):
         print("  * (d): 5 batches per round timed from the consumer's own start times, drain time extrapolated to N.")
         print()
 
+    # The same figure as markdown, what benchmarks/plot.py draws: ms a batch beyond its work after the
+    # first batch of the run (its start left out), by release and B, a column per variant timed so.
+    timed = [v for v in VARIANTS if any(v == variant and table[variant, r][3] is not None
+                                        for table in runs.values() for variant, r in table)]
+    print("ms a batch beyond its work, after the first batch of the run; median (min-max) of the rounds")
+    print("| Debian | B | " + " | ".join(VARIANTS[v] for v in timed) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in timed) + " |")
+    for release, batch in sorted(runs):
+        table = runs[release, batch]
+        cells = []
+        for variant in timed:
+            later = [(span * 1000 - items * WORK_MS) / (batches - 1)
+                     for (v, r), (seconds, batches, items, span) in sorted(table.items())
+                     if v == variant and span is not None and batches > 1]
+            cells.append(spread(later, "%.2f") if later else "")
+        print("| %s (%s) | %d | %s |" % (release, versions.get(release, ""), batch, " | ".join(cells)))
+
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
