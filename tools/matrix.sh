@@ -5,7 +5,7 @@
 # scenario on all its hosts (Debian 11, 12, 13, and testing in `default`)
 # under the newest; `default` under the oldest on Debian 11, and the short
 # `compat` scenario under each other release on one host, a different Debian
-# for each, inside that release's target Pythons (README: Support). Two
+# for each, inside that release's target Pythons (the support guide). Two
 # lanes run side by side, each part after part, about half the minutes in each.
 # It builds the images first (`make images controller-image`), and with
 # MATRIX_LINT=1 (`make test`) runs `make lint` meanwhile and `make rules` after.
