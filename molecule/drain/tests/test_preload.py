@@ -71,6 +71,10 @@ def test_each_batch_runs_as_python3_script_would_and_alone(host):
     assert starts[1]["rss_kib"] < starts[0]["rss_kib"] + 32 * 1024, starts
     # tasks_max (24) bounds the batch, runner included: some of its 40 forks were refused
     assert found[2]["children"]["refused"] > 0, found[2]
+    # the runner froze what it preloaded (a batch's collector leaves it be), and
+    # the collector still frees what each batch left in a reference cycle
+    assert all(start["frozen"] > 1000 for start in starts), starts
+    assert all("cycle-collected" in found[n] for n in range(1, 5)), found
     # atexit handlers run, after the thread the batch's main code left running; the
     # preload's own handler only once, in the runner, when the run ends
     assert all("atexit" in found[n] for n in range(1, 5)), found

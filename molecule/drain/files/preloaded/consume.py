@@ -9,6 +9,7 @@ after the batch's main code ends), children:N (forks N that sleep), sleep:S
 (then exit 75).
 """
 import atexit
+import gc
 import json
 import os
 import random
@@ -54,13 +55,24 @@ def children(count):
     return refused
 
 
+class Cycle:
+    """An object only the garbage collector frees (it refers to itself)."""
+
+    def __init__(self, number):
+        self.itself, self.number = self, number
+
+    def __del__(self):
+        record(event="cycle-collected", batch=self.number)
+
+
 def main():
     number = int(os.environ["BATCHQ_BATCH"])
+    Cycle(number)  # garbage at once: the batch's collector must free it, frozen preload or not
     action = plan(number)
     record(event="start", batch=number, time=time.time(), pid=os.getpid(), own_group=os.getpgrp() == os.getpid(),
            argv=sys.argv, path0=sys.path[0], file=__file__, imported_by=heavy.IMPORTED_BY,
            imported_at=heavy.IMPORTED_AT, seen=list(heavy.SEEN), version=heavy.VERSION, random=random.random(),
-           rss_kib=rss_kib(), invocation=os.environ.get("INVOCATION_ID"), action=action)
+           rss_kib=rss_kib(), frozen=gc.get_freeze_count(), invocation=os.environ.get("INVOCATION_ID"), action=action)
     # what every batch leaves behind in the module: the next must not see it
     heavy.SEEN.append(number)
     print("batch %d says hello on stdout" % number)
