@@ -18,8 +18,12 @@
 #   consumer: the role's units (backlog_exit_code: 75, default sandbox), one
 #             `systemctl start` per instance; batchq-drain runs batch after
 #             batch, each a fresh process with a fresh connection;
-#   preload:  the same with preload: [psycopg]: each batch a fork of the
+#   preload:  the same with preload: [psycopg, argparse, hashlib, resource]
+#             (the modules it imports that psycopg does not): each batch a fork of the
 #             runner that imported psycopg once, with a fresh connection;
+#   pooled:   the same through a local PgBouncer on each worker (examples/
+#             postgresql_queue/pooler.yml): each batch connects to its socket,
+#             and gets a server connection an earlier batch opened;
 #   daemon:   `batchq-pgqueue --loop` in a transient service (systemd-run, no
 #             sandbox): one process and one connection for the whole drain.
 # Each run ends when a batch leaves no due job behind; its drain time is
@@ -68,20 +72,29 @@ consumer_list:
   - name: pgpreload
     command: /usr/local/bin/batchq-pgqueue --limit $limit --work-ms $work_ms
     backlog_exit_code: 75
-    preload: [psycopg]
+    preload: [psycopg, argparse, hashlib, resource]
     instances: 2
     state: paused
     environment: {PGHOST: $database, PGDATABASE: batchq, PGUSER: batchq}
     secret_environment: {PGPASSWORD: "{{ pgqueue_password }}"}
+  - name: pgpooled
+    command: /usr/local/bin/batchq-pgqueue --limit $limit --work-ms $work_ms
+    backlog_exit_code: 75
+    preload: [psycopg, argparse, hashlib, resource]
+    instances: 2
+    state: paused
+    environment: {PGHOST: /var/run/postgresql, PGPORT: "6432", PGDATABASE: batchq, PGUSER: batchq}
 EOF
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/database.yml >/dev/null
+ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/pooler.yml >/dev/null
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/deploy.yml >/dev/null
 
 sql() { docker exec "$database" runuser -u postgres -- psql -d batchq -AtX -v ON_ERROR_STOP=1 -c "$1"; }
 
 # What a batch pays before its first job, beside its work: a connection as the
 # consumer makes it (libpq's defaults: TLS when the server offers it, SCRAM),
-# and a fork of a process that has imported psycopg; means of 50, on one worker.
+# a fork of a process that has imported psycopg, and a connection through the
+# local PgBouncer; means of 50, on one worker.
 docker exec -e PGHOST="$database" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
   "${workers[0]}" python3 -c '
 import os, time, psycopg
@@ -101,6 +114,15 @@ for _ in range(50):
 fork = (time.perf_counter() - began) / 50
 print("a connection (%s, SCRAM): %.1f ms; a fork of a process with psycopg imported: %.1f ms"
       % ("TLS" if tls else "no TLS", connect * 1000, fork * 1000))'
+# the same connection through the worker's PgBouncer, as the consumer's account
+docker exec -u batchq -e PGHOST=/var/run/postgresql -e PGPORT=6432 -e PGDATABASE=batchq -e PGUSER=batchq \
+  "${workers[0]}" python3 -c '
+import time, psycopg
+psycopg.connect().close()
+began = time.perf_counter()
+for _ in range(50):
+    psycopg.connect().close()
+print("a connection through the local PgBouncer: %.2f ms" % ((time.perf_counter() - began) / 50 * 1000))'
 
 # The instances of a run of N: spread over the workers, worker by worker.
 placement() {
@@ -120,6 +142,8 @@ drain() {
       docker exec "${workers[$w]}" systemctl start --no-block "batchq-pgqueue@$i.service"
     elif [ "$variant" = preload ]; then
       docker exec "${workers[$w]}" systemctl start --no-block "batchq-pgpreload@$i.service"
+    elif [ "$variant" = pooled ]; then
+      docker exec "${workers[$w]}" systemctl start --no-block "batchq-pgpooled@$i.service"
     else
       docker exec "${workers[$w]}" systemd-run --quiet --collect --unit="bench-daemon-$i" \
         -E PGHOST="$database" -E PGDATABASE=batchq -E PGUSER=batchq -E PGPASSWORD="$password" \
@@ -140,10 +164,11 @@ read -r -a counts <<<"${FLEET_COUNTS:-1 2 4 6}"
 declare -A rates
 for ((round = 1; round <= rounds; round++)); do
   for n in "${counts[@]}"; do
-    for variant in consumer preload daemon; do
+    for variant in consumer preload pooled daemon; do
       rates[$variant$n]+="$(drain "$variant" "$n") "
     done
-    echo "round $round, $n: consumers ${rates[consumer$n]}/ preload ${rates[preload$n]}/ daemons ${rates[daemon$n]}" >&2
+    echo "round $round, $n: consumers ${rates[consumer$n]}/ preload ${rates[preload$n]}/" \
+         "pooled ${rates[pooled$n]}/ daemons ${rates[daemon$n]}" >&2
   done
 done
 
@@ -151,11 +176,14 @@ median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR] = $1} END {print (NR % 2
 echo "jobs $jobs, work ${work_ms} ms a job, batch $limit, median of $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 table=$(mktemp)
 {
-  echo "| instances | consumers jobs/s | with preload | daemons jobs/s | consumers / daemons | with preload / daemons |"
-  echo "| --- | --- | --- | --- | --- | --- |"
+  echo "| instances | consumers jobs/s | with preload | with preload and pooler | daemons jobs/s" \
+       "| consumers / daemons | with preload / daemons | with preload and pooler / daemons |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   for n in "${counts[@]}"; do
-    c=$(median <<<"${rates[consumer$n]}") p=$(median <<<"${rates[preload$n]}") d=$(median <<<"${rates[daemon$n]}")
-    awk -v n="$n" -v c="$c" -v p="$p" -v d="$d" 'BEGIN {printf "| %d | %d | %d | %d | %.2f | %.2f |\n", n, c, p, d, c / d, p / d}'
+    c=$(median <<<"${rates[consumer$n]}") p=$(median <<<"${rates[preload$n]}")
+    q=$(median <<<"${rates[pooled$n]}") d=$(median <<<"${rates[daemon$n]}")
+    awk -v n="$n" -v c="$c" -v p="$p" -v q="$q" -v d="$d" \
+      'BEGIN {printf "| %d | %d | %d | %d | %d | %.2f | %.2f | %.2f |\n", n, c, p, q, d, c / d, p / d, q / d}'
   done
 } | tee "$table"
 plot_dir=${BENCH_PLOT_DIR-docs/docsite/rst/images}

@@ -52,7 +52,7 @@ def fleet_series(text):
     series = {}
     for i in columns:
         label = plain(header[i]).replace(" jobs/s", "")
-        label = "consumers with preload" if label == "with preload" else label
+        label = "consumers " + label if label.startswith("with ") else label
         series[label] = [(numbers(row[0])[0], numbers(row[i])[0]) for row in rows if row[i].strip()]
     return series
 

@@ -1,6 +1,7 @@
 """A fleet drains one PostgreSQL queue through real faults and loses no job.
 
-Four workers (two instances each; Debian 11, 12, 12 and 13) drain 20 000 jobs, a few of them
+Four workers (two instances each; Debian 11, 12, 12 and 13; the second and the last through a
+local PgBouncer, the others straight to the database) drain 20 000 jobs, a few of them
 poison (they crash their process, raise, or fail), while one worker is killed
 outright in the middle of a batch and started again, another is cut off from
 the database for 30 s, a rolling deploy changes the consumers' environment,
@@ -42,6 +43,9 @@ DATABASE = RUNNER.get_hosts("queue_db")[0]
 KILLED, CUT = WORKERS[0], WORKERS[1]
 # Debian 11's worker: psycopg2 only
 DEBIAN11 = next(name for name in WORKERS if name.endswith("-debian11"))
+# The workers whose consumers connect through a local PgBouncer (pgqueue_pooler in
+# group_vars/consumers.yml): the one cut off from the database among them.
+POOLED = [name for name in WORKERS if name.endswith(("-debian12a", "-debian13"))]
 # What the drain saw, for the tests that judge it.
 FLEET = {}
 
@@ -299,6 +303,22 @@ def test_no_batch_was_killed_by_the_deploy_or_the_control_playbook():
                 # only the cut-off worker lost its database, during the cut
                 assert name == CUT and FLEET["cut_at"] - MARGIN < batch["ended"] < FLEET["reconnected_at"] + MARGIN, \
                     batch
+
+
+def test_the_pooled_workers_batches_logged_in_to_pgbouncer_and_shared_its_server_connections():
+    assert CUT in POOLED and KILLED not in POOLED, "the scenario cuts a pooled worker off and kills a direct one"
+    for name in WORKERS:
+        ran = [b for b in batches(name).values() if "claimed" in b]
+        log = host(name).run("cat /var/log/postgresql/pgbouncer.log").stdout
+        logins = log.count("login attempt: db=batchq user=batchq tls=no")
+        opened = log.count("new connection to server")
+        if name not in POOLED:
+            assert logins == 0, "%s connects to the database directly, yet its PgBouncer served logins" % name
+            continue
+        # every batch, over the socket (no TLS), and the server connections outlived their batches
+        assert len(ran) > 20 and logins >= len(ran), (name, len(ran), logins)
+        assert 0 < opened < len(ran) / 4, "%s: %d server connections for %d batches" % (name, opened, len(ran))
+        figure("fleet: %s ran %d batches over %d server connections of its PgBouncer" % (name, len(ran), opened))
 
 
 def test_an_instance_never_runs_two_batches_at_once():
