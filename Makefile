@@ -84,6 +84,7 @@ lint: collection $(DOCS_VENV)/.installed
 	tools/docs.sh lint
 	@for plugin in module:consumer_info module:consumer_units module:consumer_files module:consumer_deployed module:consumer_preflight role:consumer filter:consumers \
 	    filter:consumer_leftovers filter:consumer_metrics_files filter:consumer_systemd filter:consumer_python \
+	    filter:consumer_credential_files filter:consumer_stale_secrets \
 	    filter:consumer_status_table filter:consumer_status_problems; do \
 	  ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"doc"' \
 	    || ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"entry_points"' \

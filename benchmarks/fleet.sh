@@ -68,7 +68,7 @@ consumer_list:
     instances: 2
     state: paused
     environment: {PGHOST: $database, PGDATABASE: batchq, PGUSER: batchq}
-    secret_environment: {PGPASSWORD: "{{ pgqueue_password }}"}
+    credentials: {pgpassword: "{{ pgqueue_password }}"}
   - name: pgpreload
     command: /usr/local/bin/batchq-pgqueue --limit $limit --work-ms $work_ms
     backlog_exit_code: 75
@@ -76,7 +76,7 @@ consumer_list:
     instances: 2
     state: paused
     environment: {PGHOST: $database, PGDATABASE: batchq, PGUSER: batchq}
-    secret_environment: {PGPASSWORD: "{{ pgqueue_password }}"}
+    credentials: {pgpassword: "{{ pgqueue_password }}"}
   - name: pgpooled
     command: /usr/local/bin/batchq-pgqueue --limit $limit --work-ms $work_ms
     backlog_exit_code: 75

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
     AFTER_RUN,
@@ -22,6 +22,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_status i
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
+    credential_files,
     normalize_consumers,
     preload_pythons,
     secret_files,
@@ -88,6 +89,17 @@ def consumer_secret_files(value, defaults=None):
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def consumer_credential_files(value, defaults=None):
+    try:
+        return credential_files(value, defaults or {})
+    except ConsumerSpecError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def consumer_stale_secrets(found, normalized, removed=None):
+    return stale_secrets(found, normalized, removed or ())
+
+
 def consumer_names(value):
     try:
         return NAMES[value]
@@ -124,11 +136,13 @@ class FilterModule:
     def filters(self):
         return {
             "consumers": consumers,
+            "consumer_credential_files": consumer_credential_files,
             "consumer_leftovers": consumer_leftovers,
             "consumer_metrics_files": consumer_metrics_files,
             "consumer_names": consumer_names,
             "consumer_python": consumer_python,
             "consumer_secret_files": consumer_secret_files,
+            "consumer_stale_secrets": consumer_stale_secrets,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,
             "consumer_systemd": consumer_systemd,

@@ -7,6 +7,7 @@ files found there and the consumers the user wants."""
 from __future__ import annotations
 
 import posixpath
+import re
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit, unit_re
 
@@ -81,3 +82,31 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
         "remove": sorted(remove),
         "removed": sorted(removed),
     }
+
+
+# A file of the secrets folder and the consumer it belongs to: <name>.env, or
+# a credential <name>.<KEY>.cred (the batch's) or .hookcred (its hooks').
+SECRET_FILE_RE = re.compile(r"(?P<name>[a-z0-9][a-z0-9_-]*)(?:\.env|\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.(?:cred|hookcred))")
+
+
+def secret_files_of(consumer):
+    """The secret environment file and credential files a normalised consumer's units name."""
+    if consumer["state"] == "absent":
+        return set()
+    paths = {entry["path"] for entries in consumer["credentials"].values() for entry in entries}
+    return paths | ({consumer["secret_file"]} if consumer["secret_file"] else set())
+
+
+def stale_secrets(found, consumers, removed=()):
+    """The paths of found (the secrets folder's files) that no unit names any more:
+    those of listed consumers that no longer have them, and all of removed
+    consumers (consumer_leftovers' removed). A file of a consumer that is
+    neither (another playbook's) is left alone."""
+    wanted = set().union(*(secret_files_of(consumer) for consumer in consumers))
+    owners = {consumer["name"] for consumer in consumers} | set(removed)
+    stale = []
+    for path in found:
+        match = SECRET_FILE_RE.fullmatch(posixpath.basename(path))
+        if match and match.group("name") in owners and path not in wanted:
+            stale.append(path)
+    return sorted(stale)

@@ -45,6 +45,10 @@ ITEM_DEFAULTS = {
     "environment": {},
     "environment_file": None,
     "secret_environment": {},
+    # Secrets as systemd credentials: files in $CREDENTIALS_DIRECTORY for each
+    # run (the batch's, or its failure hooks' for hook_credentials).
+    "credentials": {},
+    "hook_credentials": {},
     "working_directory": None,
     "writable_paths": [],
     "memory_max": None,
@@ -75,7 +79,8 @@ HOOK_KEYS = ("on_failure", "on_recovery")
 USEC_INFINITY = 2 ** 64 - 1
 # Keys whose dicts are merged key by key, the consumer's own values winning,
 # when consumer_defaults and a consumer both set them; other keys are replaced.
-MERGED_KEYS = ("environment", "secret_environment", "service_options", "timer_options")
+MERGED_KEYS = ("environment", "secret_environment", "credentials", "hook_credentials", "service_options",
+               "timer_options")
 STATES = ("present", "paused", "absent")
 MAX_INSTANCES = 64
 # A backlog exit is a success that starts the next batch at once, so it must
@@ -93,6 +98,14 @@ OPTION_KEY_RE = re.compile(r"[A-Z][A-Za-z0-9]*")
 MEMORY_RE = re.compile(r"infinity|[0-9]+(?:\.[0-9]+)?[KMGT]?|[0-9]+(?:\.[0-9]+)?%")
 CPU_QUOTA_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?%")
 PREFIX_RE = re.compile(r"[a-z0-9][a-z0-9_-]*-")
+# A credential's name is a file name to systemd (credential_name_valid():
+# no "/", not "." or "..", at most 255 bytes): the role takes the portable part.
+CREDENTIAL_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+# What systemd loads for one unit at most (CREDENTIALS_TOTAL_SIZE_MAX).
+CREDENTIALS_MAX_BYTES = 1024 * 1024
+# On the host, beside the secret environment files: <consumer>.<NAME> and
+# the suffix of the unit that reads it (the batch's, or its hooks').
+CREDENTIAL_SUFFIX = {"credentials": ".cred", "hook_credentials": ".hookcred"}
 # C0 controls and DEL: a newline (or CR, NUL) ends a unit file line, others
 # change what systemd reads (a tab is white space to it) or garble logs.
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -390,6 +403,31 @@ def _variables(name, field, variables):
     return pairs
 
 
+def _credentials(name, field, credentials):
+    """Validated (NAME, value) pairs of credentials or hook_credentials; a value
+    is any string (several lines, a key file), never a number or a structure."""
+    if not isinstance(credentials, dict):
+        _fail(name, field, "must be a dict of NAME: secret value")
+    pairs = []
+    for key in sorted(credentials, key=str):
+        if not isinstance(key, str) or not CREDENTIAL_NAME_RE.fullmatch(key):
+            _fail(name, field, "%r is not a credential name: 1-255 letters, digits, '_', '.' and '-',"
+                               " starting with a letter, digit or '_'" % (key,))
+        value = credentials[key]
+        # Vault values are strings to the role; a number would lose its form (0123, 1e3)
+        if value is None or isinstance(value, (bool, int, float, dict, list)):
+            _fail(name, field, "value of %s must be a string, got %s (quote it)" % (key, type(value).__name__))
+        pairs.append((key, str(value)))
+    if sum(len(value.encode("utf-8")) for _key, value in pairs) > CREDENTIALS_MAX_BYTES:
+        _fail(name, field, "the values are larger than 1 MiB together, more than systemd loads for one unit")
+    return pairs
+
+
+def credential_path(consumer, field, key):
+    """Where a credential of a consumer waits on the host for systemd to load it."""
+    return "%s/%s.%s%s" % (SECRETS_DIR, consumer, key, CREDENTIAL_SUFFIX[field])
+
+
 def environment_file_line(key, value):
     """KEY="value" as systemd's EnvironmentFile= parser reads it back verbatim.
 
@@ -428,6 +466,20 @@ def secret_files(consumers, defaults=None):
         pairs = _variables(item["name"], "secret_environment", item["secret_environment"])
         if pairs and item["state"] != "absent":
             files["%s/%s.env" % (SECRETS_DIR, item["name"])] = "".join(environment_file_line(k, v) for k, v in pairs)
+    return files
+
+
+def credential_files(consumers, defaults=None):
+    """[{path, name, value}] of the credentials of consumers that keep units, for
+    the task that writes them (not logged), as secret_files() is."""
+    files = []
+    for raw in consumers:
+        item = layered(raw, defaults)
+        if item["state"] == "absent":
+            continue
+        for field in CREDENTIAL_SUFFIX:
+            for key, value in _credentials(item["name"], field, item[field]):
+                files.append({"path": credential_path(item["name"], field, key), "name": key, "value": value})
     return files
 
 
@@ -526,6 +578,8 @@ def normalize_consumer(raw, defaults, prefix):
         _fail(name, "preload", "%s is the module the command runs, afresh in each batch: preload what it imports"
               % target[1])
     hooks = {field: None if item[field] is None else split_command(name, item[field], field) for field in HOOK_KEYS}
+    if _credentials(name, "hook_credentials", item["hook_credentials"]) and not any(hooks.values()):
+        _fail(name, "hook_credentials", "needs on_failure or on_recovery: only a hook's own unit loads them")
     # Also for a drain, whose ExecStart= names the runner: verify never sees the command.
     required_paths = [{"field": "command", "path": argv[0]}] if argv else []
     if python and target[0] != "-m" and target[0].startswith("/"):
@@ -552,6 +606,19 @@ def normalize_consumer(raw, defaults, prefix):
             _bare_path(name, "environment_file", item["environment_file"])),
         "secret_names": [key for key, value in _variables(name, "secret_environment", item["secret_environment"])],
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
+        # what a batch reads of its secrets (a drain's runner loads them once per run)
+        "secret_paths": ((["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])
+                         + [credential_path(name, "credentials", key)
+                            for key, _value in _credentials(name, "credentials", item["credentials"])]),
+        # the arguments of batchq_after_run.py --hook-credentials after the mode: NAME:PATH of each, as JSON
+        "hook_credentials": " ".join(systemd_quote(word) for word in [json.dumps([
+            "%s:%s" % (key, credential_path(name, "hook_credentials", key))
+            for key, _value in _credentials(name, "hook_credentials", item["hook_credentials"])])])
+        if item["hook_credentials"] else None,
+        # {field: [{name, path}]}: what LoadCredential(Encrypted)= loads, for the batch and for its hooks
+        "credentials": {field: [{"name": key, "path": credential_path(name, field, key)}
+                                for key, _value in _credentials(name, field, item[field])]
+                        for field in CREDENTIAL_SUFFIX},
         "environment_check": environment_check(
             ([item["environment_file"]] if item["environment_file"] else [])
             + (["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])),

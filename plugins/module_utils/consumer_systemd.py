@@ -19,6 +19,9 @@ MINIMUM = 247
 # MONITOR_* variables its unit reads (250).
 FEATURES = {
     "drain_continue": 250,
+    # LoadCredentialEncrypted= and systemd-creds: credentials encrypted at rest
+    # with the host key (or a TPM2); below, LoadCredential= of a root-only file.
+    "credentials_encrypted": 250,
 }
 
 

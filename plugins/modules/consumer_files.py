@@ -14,7 +14,7 @@ short_description: Lay out many small files, folders and links in one step
 version_added: 0.1.0
 description:
   - Used by the C(batchq.consumers.consumer) role and the C(consumer_control) playbook for the
-    consumers' helpers, secret environment files and metrics files (see the
+    consumers' helpers, secret environment files, credentials and metrics files (see the
     C(batchq.consumers.consumer_metrics_files) filter). One call does what a loop of
     C(ansible.builtin.file) and C(ansible.builtin.copy) tasks would do with several round trips
     to the host for every consumer.
@@ -96,12 +96,42 @@ options:
         content is never logged, returned or shown in a diff. Their folder must exist (put it in O(files)).
     type: dict
     default: {}
+  credentials:
+    description:
+      - systemd credentials to write after O(secret_files), each owned by root with mode C(0600):
+        encrypted with C(systemd-creds encrypt) when O(encrypt_credentials) is set, the value itself
+        otherwise. Their values are never logged, returned or shown in a diff. Their folder must exist.
+      - An encrypted credential is decrypted (C(systemd-creds decrypt)) to tell whether its value
+        changed: the same value is not encrypted again, so a deploy that changes nothing changes no
+        credential file.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path of the credential's file.
+        type: path
+        required: true
+      name:
+        description: The credential's name, which an encrypted file is bound to (C(--name=)).
+        type: str
+        required: true
+      value:
+        description: The secret value.
+        type: str
+        required: true
+  encrypt_credentials:
+    description:
+      - Encrypt O(credentials) with C(systemd-creds) (systemd 250 and later) for C(LoadCredentialEncrypted=),
+        with the host's key (and a TPM2 where there is one: systemd's C(auto)).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: partial
-    details: The content of a V(file) of O(files) that changes, never that of O(secret_files).
+    details: The content of a V(file) of O(files) that changes, never that of O(secret_files) or O(credentials).
   platform:
     platforms: posix
 extends_documentation_fragment:
@@ -252,6 +282,51 @@ def apply(entry):
                 os.close(descriptor)
 
 
+ROOT_ONLY = {"owner": "root", "group": "root", "mode": "0600"}
+
+
+def _bytes_of(path):
+    try:
+        with os.fdopen(_open_own(path), "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def credential_differs(module, credential, encrypt):
+    """Whether the credential's file is missing, not root's alone, or holds another value."""
+    path = credential["path"]
+    if not os.path.isfile(path) or os.path.islink(path) or _attributes_differ(path, ROOT_ONLY):
+        return True
+    if not encrypt:
+        return _bytes_of(path) != credential["value"].encode("utf-8")
+    rc, out, _err = module.run_command(
+        [module.get_bin_path("systemd-creds", required=True), "decrypt", "--name=" + credential["name"], path, "-"],
+        binary_data=True, encoding=None)
+    return rc != 0 or out != credential["value"].encode("utf-8")
+
+
+def write_credential(module, credential, encrypt):
+    """The credential's file replaced atomically, root's alone before it is in place."""
+    data = credential["value"].encode("utf-8")
+    if encrypt:
+        rc, data, err = module.run_command(
+            [module.get_bin_path("systemd-creds", required=True), "encrypt", "--name=" + credential["name"], "-", "-"],
+            data=data, binary_data=True, encoding=None)
+        if rc != 0:
+            raise OSError("systemd-creds encrypt failed: %s" % err.decode("utf-8", "replace").strip())
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(credential["path"]), prefix=".batchq.")
+    try:
+        with os.fdopen(handle, "wb") as output:
+            _set_attributes(output.fileno(), ROOT_ONLY)
+            output.write(data)
+        os.rename(temporary, credential["path"])
+    except BaseException:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise
+
+
 def unused_paths(entries, folder, gone=()):
     """The paths of entries that no file of folder names, other than the path
     itself and those in gone (removed, or to be in check mode)."""
@@ -284,6 +359,12 @@ def main():
             }},
             "named_in": {"type": "path", "default": "/etc/systemd/system"},
             "secret_files": {"type": "dict", "default": {}, "no_log": True},
+            "credentials": {"type": "list", "elements": "dict", "default": [], "no_log": True, "options": {
+                "path": {"type": "path", "required": True},
+                "name": {"type": "str", "required": True},
+                "value": {"type": "str", "required": True, "no_log": True},
+            }},
+            "encrypt_credentials": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -304,6 +385,15 @@ def main():
                     apply(entry)
         except (OSError, KeyError, ValueError) as exc:
             module.fail_json(msg="%s: %s" % (entry["path"], exc), changed_paths=changed)
+    encrypt = module.params["encrypt_credentials"]
+    for credential in module.params["credentials"]:
+        try:
+            if credential_differs(module, credential, encrypt):
+                changed.append(credential["path"])
+                if not module.check_mode:
+                    write_credential(module, credential, encrypt)
+        except OSError as exc:
+            module.fail_json(msg="%s: %s" % (credential["path"], exc), changed_paths=changed)
     for path in unused_paths(module.params["unused"], module.params["named_in"], set(module.params["absent"])):
         changed.append(path)
         if not module.check_mode:

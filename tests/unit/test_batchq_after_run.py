@@ -1,6 +1,7 @@
 """The failure hooks' rate limit and names, pure parts of batchq_after_run.py."""
 
 import importlib.util
+import json
 import os
 
 from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names
@@ -89,3 +90,12 @@ def test_a_drains_failed_batch_log_is_its_last_batch_relayed_by_its_runner():
     # not a drain, or a runner that said nothing: every line of the run
     assert after_run.batch_matches("{ path=/usr/local/bin/job ; }", "4242", "batch 12 ended: x") == []
     assert after_run.batch_matches(runner, "4242", "") == []
+
+
+def test_a_hook_unit_loads_the_hook_credentials_as_the_role_wrote_them():
+    pairs = json.dumps(["token:/etc/batchq/mail.token.hookcred", "key:/etc/batchq/mail.key.hookcred"])
+    assert after_run.credential_properties(("encrypted", pairs)) == [
+        "--property=LoadCredentialEncrypted=token:/etc/batchq/mail.token.hookcred",
+        "--property=LoadCredentialEncrypted=key:/etc/batchq/mail.key.hookcred"]
+    assert after_run.credential_properties(("plain", pairs))[0] == "--property=LoadCredential=token:/etc/batchq/mail.token.hookcred"
+    assert after_run.credential_properties(None) == []

@@ -1,6 +1,6 @@
 """What the role removes from a host, from the files it finds there."""
 
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import normalize_consumers
 
 D = "/etc/systemd/system"
@@ -72,3 +72,17 @@ def test_stop_patterns_match_only_their_own_unit():
     assert not fnmatch.fnmatchcase("batchq-a.timers", loaded_only("batchq-a.timer"))
     assert fnmatch.fnmatchcase("batchq-a.2.start.timer", "batchq-a.*start.timer")
     assert not fnmatch.fnmatchcase("batchq-a-b.start.timer", "batchq-a.*start.timer")
+
+
+def test_stale_secrets_are_those_no_unit_names_of_consumers_this_list_knows():
+    consumers = normalize_consumers([
+        {"name": "mail", "command": "/bin/true", "credentials": {"kept": "k"}, "secret_environment": {"A": "a"}},
+        {"name": "sync", "command": "/bin/true"},
+        {"name": "old", "state": "absent"},
+    ])
+    found = ["/etc/batchq/mail.env", "/etc/batchq/mail.kept.cred", "/etc/batchq/mail.rotated.away.cred",
+             "/etc/batchq/mail.token.hookcred", "/etc/batchq/sync.env", "/etc/batchq/old.x.cred",
+             "/etc/batchq/gone.env", "/etc/batchq/gone.db.cred", "/etc/batchq/others.env", "/etc/batchq/mail.conf"]
+    assert stale_secrets(found, consumers, removed=["gone"]) == [
+        "/etc/batchq/gone.db.cred", "/etc/batchq/gone.env", "/etc/batchq/mail.rotated.away.cred",
+        "/etc/batchq/mail.token.hookcred", "/etc/batchq/old.x.cred", "/etc/batchq/sync.env"]

@@ -148,3 +148,18 @@ def test_a_mode_that_is_neither_octal_nor_an_addition_is_refused():
         assert "a=rx" in str(exc)
     else:
         raise AssertionError("a=rx was taken")
+
+
+def test_a_credential_is_written_root_only_once_and_rewritten_when_its_value_changes(tmp_path):
+    credential = {"path": str(tmp_path / "mail.token.cred"), "name": "token", "value": "s3cret\nline two"}
+    assert consumer_files.credential_differs(None, credential, encrypt=False)
+    consumer_files.write_credential(None, credential, encrypt=False)
+    info = os.stat(credential["path"])
+    assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o600, 0)
+    assert open(credential["path"], "rb").read() == b"s3cret\nline two"
+    assert not consumer_files.credential_differs(None, credential, encrypt=False)
+    assert consumer_files.credential_differs(None, dict(credential, value="rotated"), encrypt=False)
+    os.chmod(credential["path"], 0o644)
+    assert consumer_files.credential_differs(None, credential, encrypt=False)
+    # no temporary file is left beside it
+    assert os.listdir(tmp_path) == ["mail.token.cred"]

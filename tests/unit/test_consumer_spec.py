@@ -10,6 +10,7 @@ import pytest
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import DEFAULT_ACCOUNT, SECRETS_DIR
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
+    credential_files,
     normalize_consumers,
     parse_timespan,
     preload_pythons,
@@ -456,3 +457,49 @@ def test_preload_pythons_come_from_the_command_or_the_hosts_first_line():
     [problem] = decided["problems"]
     for word in ("'shell'", "'command'", "/usr/local/bin/drain.sh", "web1", "#!/bin/bash"):
         assert word in problem
+
+
+def test_credentials_become_files_the_unit_loads_and_their_values_stay_out_of_it():
+    consumer = one(credentials={"db_password": "hunter2\nline two", "tls.key": "-----BEGIN"},
+                   hook_credentials={"webhook_token": "t0ken"}, on_failure="/usr/local/bin/notify")
+    assert not re.search("hunter2|BEGIN|t0ken", repr(consumer))
+    assert consumer["credentials"] == {
+        "credentials": [{"name": "db_password", "path": "/etc/batchq/thumbs.db_password.cred"},
+                        {"name": "tls.key", "path": "/etc/batchq/thumbs.tls.key.cred"}],
+        "hook_credentials": [{"name": "webhook_token", "path": "/etc/batchq/thumbs.webhook_token.hookcred"}]}
+    # the batch's secrets, whose change ends a running drain; a hook reads its own at each start
+    assert consumer["secret_paths"] == ["/etc/batchq/thumbs.db_password.cred", "/etc/batchq/thumbs.tls.key.cred"]
+    assert json.loads(shlex.split(consumer["hook_credentials"])[0]) == [
+        "webhook_token:/etc/batchq/thumbs.webhook_token.hookcred"]
+
+
+def test_credential_files_hold_the_values_as_given_and_defaults_merge_key_by_key():
+    defaults = {"credentials": {"shared": "s", "db_password": "default"}}
+    consumers = [dict(GOOD, credentials={"db_password": "own\n"}), dict(GOOD, name="gone", state="absent")]
+    assert credential_files(consumers, defaults) == [
+        {"path": "/etc/batchq/thumbs.db_password.cred", "name": "db_password", "value": "own\n"},
+        {"path": "/etc/batchq/thumbs.shared.cred", "name": "shared", "value": "s"}]
+
+
+@pytest.mark.parametrize("field", ["credentials", "hook_credentials"])
+@pytest.mark.parametrize("value, problem", [
+    ({"db/password": "x"}, "'db/password' is not a credential name"),
+    ({".hidden": "x"}, "'.hidden' is not a credential name"),
+    ({"x" * 256: "x"}, "is not a credential name"),
+    ({"pin": 1234}, "value of pin must be a string, got int (quote it)"),
+    ({"flag": True}, "value of flag must be a string, got bool"),
+    ({"missing": None}, "value of missing must be a string, got NoneType"),
+    ({"nested": {"a": "b"}}, "value of nested must be a string, got dict"),
+    (["db_password"], "must be a dict of NAME: secret value"),
+    ({"big": "x" * (1024 * 1024 + 1)}, "larger than 1 MiB together"),
+])
+def test_bad_credentials_are_refused_naming_the_consumer_and_field_not_the_value(field, value, problem):
+    with pytest.raises(ConsumerSpecError) as error:
+        one(**{field: value, "on_failure": "/usr/local/bin/notify"})
+    assert str(error.value).startswith("consumer 'thumbs': field '%s': " % field) and problem in str(error.value)
+    assert "1234" not in str(error.value)
+
+
+def test_hook_credentials_without_a_hook_are_refused():
+    with pytest.raises(ConsumerSpecError, match="field 'hook_credentials': needs on_failure or on_recovery"):
+        one(hook_credentials={"token": "t"})

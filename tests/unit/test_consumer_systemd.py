@@ -42,11 +42,13 @@ def test_an_older_systemd_is_refused_naming_found_and_needed():
                                    "needs systemd 247 or later")
 
 
-def test_the_drain_continuation_from_250_on():
-    assert systemd_support(recorded("bullseye"))["features"] == {"drain_continue": False}
-    assert systemd_support("systemd 249 (249.11-0ubuntu3.12)\n")["features"] == {"drain_continue": False}
-    assert systemd_support("systemd 250 (250.3)\n")["features"] == {"drain_continue": True}
-    assert systemd_support(recorded("bookworm"))["features"] == {"drain_continue": True}
+def test_the_drain_continuation_and_encrypted_credentials_from_250_on():
+    before, since = dict.fromkeys(("drain_continue", "credentials_encrypted"), False), dict.fromkeys(
+        ("drain_continue", "credentials_encrypted"), True)
+    assert systemd_support(recorded("bullseye"))["features"] == before
+    assert systemd_support("systemd 249 (249.11-0ubuntu3.12)\n")["features"] == before
+    assert systemd_support("systemd 250 (250.3)\n")["features"] == since
+    assert systemd_support(recorded("bookworm"))["features"] == since
 
 
 def test_output_without_a_version_is_refused_not_guessed():

@@ -25,6 +25,9 @@ def fresh(**fields):
 # changes no host. The others need a host to answer.
 CASES = [
     ("unknown key", fresh(intervall="5s"), ["'fresh'", "'intervall'"]),
+    ("credential name", fresh(credentials={"db/password": "s3cret"}), ["'fresh'", "'credentials'", "db/password"]),
+    ("credential value not a string", fresh(hook_credentials={"pin": 1234}, on_failure="/usr/local/bin/batchq-hook-record"),
+     ["'fresh'", "'hook_credentials'", "value of pin must be a string"]),
     # below the Python check's bound, above systemd's own limit for one part:
     # only systemd-analyze on the host refuses it
     ("time span at systemd's limit", fresh(interval="584542y"), ["'fresh'", "'interval'", "584542y"]),

@@ -5,7 +5,8 @@
 
 Usage (the unit's ExecStopPost=, as root, outside the sandbox):
     batchq_after_run.py CONSUMER UNIT [--metrics FOLDER INTERVAL_USEC TIMEOUT_USEC UNITS]
-                        [--hooks EVERY_USEC ON_FAILURE_JSON ON_RECOVERY_JSON]
+                        [--hooks EVERY_USEC ON_FAILURE_JSON ON_RECOVERY_JSON
+                         [--hook-credentials plain|encrypted NAME_PATH_JSON]]
 and, in a hook's own transient unit:
     batchq_after_run.py --run-hook
 
@@ -22,7 +23,10 @@ the unit in "deactivating" or turn the run's result into a timeout.
 
 A hook never runs in the consumer's unit: it is started with `systemd-run
 --no-block` as a transient unit of its own, limited to EVERY (or 1 min), so
-it cannot delay, block or kill a batch, and its failure is its own. At most
+it cannot delay, block or kill a batch, and its failure is its own; the
+consumer's hook_credentials are loaded into that unit alone, files in its
+$CREDENTIALS_DIRECTORY (LoadCredential=, or LoadCredentialEncrypted= when the
+role encrypted them), never in its environment or a unit file. At most
 one on_failure per consumer per EVERY while failures go on (EVERY between the
 ends of the runs told, as systemd recorded them), each saying how many
 failures it covers; the first failure after a success notifies at once.
@@ -134,7 +138,17 @@ def write_metrics(consumer, unit, times, folder, interval_usec, timeout_usec, un
                           tuple(units.split(",")))
 
 
-def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
+def credential_properties(credentials):
+    """systemd-run properties that give a hook's unit the consumer's hook_credentials:
+    (MODE, JSON list of NAME:PATH) from --hook-credentials, or None."""
+    if not credentials:
+        return []
+    mode, pairs = credentials
+    setting = "LoadCredentialEncrypted" if mode == "encrypted" else "LoadCredential"
+    return ["--property=%s=%s" % (setting, pair) for pair in json.loads(pairs)]
+
+
+def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery, credentials=None):
     every = int(every_usec) / 1e6
     failed = os.environ.get("SERVICE_RESULT", "success") not in SUCCESSES
     os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
@@ -170,6 +184,8 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery):
         ["systemd-run", "--quiet", "--no-block", "--collect", "--unit=" + hook_unit(unit, kind, invocation),
          "--description=%s of batchq consumer %s" % (kind, consumer),
          "--property=RuntimeMaxSec=%d" % max(1, int(every) if every else 60)]
+        # its secrets as files in its own $CREDENTIALS_DIRECTORY, never in its environment
+        + credential_properties(credentials)
         + ["--setenv=%s=%s" % pair for pair in sorted(environment.items())]
         + ["/usr/bin/python3", "-I", os.path.abspath(__file__), "--run-hook"],
         check=True, env=C_ENV, timeout=DEADLINE)
@@ -208,8 +224,10 @@ def main(args):
     consumer, unit, rest = args[0], args[1], args[2:]
     options = {}
     while rest:
-        count = {"--metrics": 4, "--hooks": 3}[rest[0]]
+        count = {"--metrics": 4, "--hooks": 3, "--hook-credentials": 2}[rest[0]]
         options[rest[0]], rest = rest[1:1 + count], rest[1 + count:]
+    if "--hooks" in options:
+        options["--hooks"] = options["--hooks"] + [options.pop("--hook-credentials", None)]
     try:
         times = _last_run(unit)
     except Exception as exc:  # pylint: disable=broad-except
