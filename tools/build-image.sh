@@ -28,8 +28,9 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}
 # Everything a test needs inside a container is baked in here: containers
 # have no package mirror of their own. sudo is there to test become with it;
 # node_exporter serves the consumers' metrics; psycopg runs the PostgreSQL
-# example consumer (bullseye has only psycopg2, which it uses there).
-packages=systemd,systemd-sysv,dbus,python3,procps,iproute2,sudo,prometheus-node-exporter
+# example consumer (bullseye has only psycopg2, which it uses there), and
+# pgbouncer its local pooler (examples/postgresql_queue/pooler.yml).
+packages=systemd,systemd-sysv,dbus,python3,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer
 case $suite in
   bullseye) packages+=,python3-psycopg2 ;;
   *) packages+=,python3-psycopg ;;
@@ -49,6 +50,25 @@ rm -f "$root.log"
 
 # A container has no consoles to log in on, and the host's network is given.
 chroot "$root" systemctl mask getty.target console-getty.service systemd-networkd-wait-online.service >/dev/null 2>&1 || true
+# pgbouncer runs where pooler.yml configures it, not in every test container.
+chroot "$root" systemctl disable pgbouncer.service >/dev/null 2>&1 || true
+# On a host, systemd makes every mount shared at boot; in a container it leaves
+# the engine's private ones, and the credentials it mounts for a unit's run
+# would stay out of the unit's reach. Shared, as on a host, at every boot.
+cat >"$root/etc/systemd/system/batchq-shared-mounts.service" <<'UNIT'
+[Unit]
+Description=Share mounts as systemd does on a host
+DefaultDependencies=no
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+ExecStart=/bin/mount --make-rshared /
+
+[Install]
+WantedBy=sysinit.target
+UNIT
+chroot "$root" systemctl enable batchq-shared-mounts.service >/dev/null 2>&1
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 : >"$root/etc/machine-id"
 

@@ -14,6 +14,3 @@ docker run -d --name "$name" --hostname "$name" \
   "$image" /lib/systemd/systemd >/dev/null
 # "degraded" is booted too; is-system-running exits non-zero for it.
 docker exec "$name" systemctl is-system-running --wait >/dev/null 2>&1 || true
-# systemd makes every mount shared on a real host, not in a container: without
-# it, the credentials systemd mounts for a unit's run stay out of the unit's reach.
-docker exec "$name" mount --make-rshared /

@@ -89,15 +89,15 @@ def consumer_secret_files(value, defaults=None):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def consumer_credential_files(value, defaults=None):
+def consumer_credential_files(value, defaults=None, encrypted=False):
     try:
-        return credential_files(value, defaults or {})
+        return credential_files(value, defaults or {}, bool(encrypted))
     except ConsumerSpecError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def consumer_stale_secrets(found, normalized, removed=None):
-    return stale_secrets(found, normalized, removed or ())
+def consumer_stale_secrets(found, normalized, removed=None, encrypted=False):
+    return stale_secrets(found, normalized, removed or (), bool(encrypted))
 
 
 def consumer_names(value):

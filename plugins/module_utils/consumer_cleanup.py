@@ -85,24 +85,28 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
 
 
 # A file of the secrets folder and the consumer it belongs to: <name>.env, or
-# a credential <name>.<KEY>.cred (the batch's) or .hookcred (its hooks').
-SECRET_FILE_RE = re.compile(r"(?P<name>[a-z0-9][a-z0-9_-]*)(?:\.env|\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.(?:cred|hookcred))")
+# a credential <name>.<KEY>.cred (the batch's) or .hookcred (its hooks'), in
+# clear text or -encrypted.
+SECRET_FILE_RE = re.compile(
+    r"(?P<name>[a-z0-9][a-z0-9_-]*)(?:\.env|\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.(?:cred|hookcred)(?:-encrypted)?)")
 
 
-def secret_files_of(consumer):
-    """The secret environment file and credential files a normalised consumer's units name."""
+def secret_files_of(consumer, encrypted=False):
+    """The secret environment file and credential files a normalised consumer's units name
+    (those of the form the host's systemd reads: encrypted or not)."""
     if consumer["state"] == "absent":
         return set()
-    paths = {entry["path"] for entries in consumer["credentials"].values() for entry in entries}
+    paths = {entry["encrypted_path" if encrypted else "path"]
+             for entries in consumer["credentials"].values() for entry in entries}
     return paths | ({consumer["secret_file"]} if consumer["secret_file"] else set())
 
 
-def stale_secrets(found, consumers, removed=()):
+def stale_secrets(found, consumers, removed=(), encrypted=False):
     """The paths of found (the secrets folder's files) that no unit names any more:
-    those of listed consumers that no longer have them, and all of removed
-    consumers (consumer_leftovers' removed). A file of a consumer that is
-    neither (another playbook's) is left alone."""
-    wanted = set().union(*(secret_files_of(consumer) for consumer in consumers))
+    those of listed consumers that no longer have them (or have them in the
+    other form), and all of removed consumers (consumer_leftovers' removed).
+    A file of a consumer that is neither (another playbook's) is left alone."""
+    wanted = set().union(*(secret_files_of(consumer, encrypted) for consumer in consumers))
     owners = {consumer["name"] for consumer in consumers} | set(removed)
     stale = []
     for path in found:

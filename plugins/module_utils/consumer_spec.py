@@ -99,13 +99,20 @@ MEMORY_RE = re.compile(r"infinity|[0-9]+(?:\.[0-9]+)?[KMGT]?|[0-9]+(?:\.[0-9]+)?
 CPU_QUOTA_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?%")
 PREFIX_RE = re.compile(r"[a-z0-9][a-z0-9_-]*-")
 # A credential's name is a file name to systemd (credential_name_valid():
-# no "/", not "." or "..", at most 255 bytes): the role takes the portable part.
-CREDENTIAL_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+# no "/", not "." or "..", at most 255 bytes): the role takes a portable part
+# short enough to fit, with the consumer's name, in the name of its file.
+CREDENTIAL_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # What systemd loads for one unit at most (CREDENTIALS_TOTAL_SIZE_MAX).
 CREDENTIALS_MAX_BYTES = 1024 * 1024
-# On the host, beside the secret environment files: <consumer>.<NAME> and
-# the suffix of the unit that reads it (the batch's, or its hooks').
+# On the host, beside the secret environment files: <consumer>.<NAME> and a
+# suffix for the unit that reads it (the batch's, or its hooks') and the form
+# it is in: an encrypted file has a name of its own, so that a unit written
+# for the other form (before a systemd upgrade) never reads it.
 CREDENTIAL_SUFFIX = {"credentials": ".cred", "hook_credentials": ".hookcred"}
+ENCRYPTED_SUFFIX = "-encrypted"
+# What a credential's value may be: a string, Ansible Vault's too (a class of
+# its own, not a str, before ansible-core 2.19), never what str() would remake.
+VAULT_TYPES = ("AnsibleVaultEncryptedUnicode", "EncryptedString")
 # C0 controls and DEL: a newline (or CR, NUL) ends a unit file line, others
 # change what systemd reads (a tab is white space to it) or garble logs.
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -411,21 +418,24 @@ def _credentials(name, field, credentials):
     pairs = []
     for key in sorted(credentials, key=str):
         if not isinstance(key, str) or not CREDENTIAL_NAME_RE.fullmatch(key):
-            _fail(name, field, "%r is not a credential name: 1-255 letters, digits, '_', '.' and '-',"
+            _fail(name, field, "%r is not a credential name: 1-128 letters, digits, '_', '.' and '-',"
                                " starting with a letter, digit or '_'" % (key,))
         value = credentials[key]
-        # Vault values are strings to the role; a number would lose its form (0123, 1e3)
-        if value is None or isinstance(value, (bool, int, float, dict, list)):
-            _fail(name, field, "value of %s must be a string, got %s (quote it)" % (key, type(value).__name__))
+        if not isinstance(value, str) and type(value).__name__ not in VAULT_TYPES:
+            # a number would lose its form (0123, 1e3), bytes and dates would be remade
+            _fail(name, field, "value of %s must be a string, got %s%s" % (
+                key, type(value).__name__,
+                " (quote it, or template it with | string)" if isinstance(value, (int, float)) else ""))
         pairs.append((key, str(value)))
     if sum(len(value.encode("utf-8")) for _key, value in pairs) > CREDENTIALS_MAX_BYTES:
         _fail(name, field, "the values are larger than 1 MiB together, more than systemd loads for one unit")
     return pairs
 
 
-def credential_path(consumer, field, key):
+def credential_path(consumer, field, key, encrypted=False):
     """Where a credential of a consumer waits on the host for systemd to load it."""
-    return "%s/%s.%s%s" % (SECRETS_DIR, consumer, key, CREDENTIAL_SUFFIX[field])
+    return "%s/%s.%s%s%s" % (SECRETS_DIR, consumer, key, CREDENTIAL_SUFFIX[field],
+                             ENCRYPTED_SUFFIX if encrypted else "")
 
 
 def environment_file_line(key, value):
@@ -469,9 +479,10 @@ def secret_files(consumers, defaults=None):
     return files
 
 
-def credential_files(consumers, defaults=None):
+def credential_files(consumers, defaults=None, encrypted=False):
     """[{path, name, value}] of the credentials of consumers that keep units, for
-    the task that writes them (not logged), as secret_files() is."""
+    the task that writes them (not logged), as secret_files() is; the paths of
+    encrypted files with encrypted."""
     files = []
     for raw in consumers:
         item = layered(raw, defaults)
@@ -479,7 +490,8 @@ def credential_files(consumers, defaults=None):
             continue
         for field in CREDENTIAL_SUFFIX:
             for key, value in _credentials(item["name"], field, item[field]):
-                files.append({"path": credential_path(item["name"], field, key), "name": key, "value": value})
+                files.append({"path": credential_path(item["name"], field, key, encrypted), "name": key,
+                              "value": value})
     return files
 
 
@@ -608,15 +620,17 @@ def normalize_consumer(raw, defaults, prefix):
         "secret_file": "%s/%s.env" % (SECRETS_DIR, name) if item["secret_environment"] else None,
         # what a batch reads of its secrets (a drain's runner loads them once per run)
         "secret_paths": ((["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])
-                         + [credential_path(name, "credentials", key)
-                            for key, _value in _credentials(name, "credentials", item["credentials"])]),
-        # the arguments of batchq_after_run.py --hook-credentials after the mode: NAME:PATH of each, as JSON
-        "hook_credentials": " ".join(systemd_quote(word) for word in [json.dumps([
-            "%s:%s" % (key, credential_path(name, "hook_credentials", key))
+                         + [credential_path(name, "credentials", key, encrypted)
+                            for key, _value in _credentials(name, "credentials", item["credentials"])
+                            for encrypted in (False, True)]),
+        # the arguments of batchq_after_run.py --hook-credentials, by form: the form and NAME:PATH of each, as JSON
+        "hook_credentials": {form: " ".join(systemd_quote(word) for word in [form, json.dumps([
+            "%s:%s" % (key, credential_path(name, "hook_credentials", key, form == "encrypted"))
             for key, _value in _credentials(name, "hook_credentials", item["hook_credentials"])])])
-        if item["hook_credentials"] else None,
-        # {field: [{name, path}]}: what LoadCredential(Encrypted)= loads, for the batch and for its hooks
-        "credentials": {field: [{"name": key, "path": credential_path(name, field, key)}
+            for form in ("plain", "encrypted")} if item["hook_credentials"] else None,
+        # {field: [{name, path, encrypted_path}]}: what LoadCredential(Encrypted)= loads, for the batch and for its hooks
+        "credentials": {field: [{"name": key, "path": credential_path(name, field, key),
+                                 "encrypted_path": credential_path(name, field, key, True)}
                                 for key, _value in _credentials(name, field, item[field])]
                         for field in CREDENTIAL_SUFFIX},
         "environment_check": environment_check(

@@ -359,7 +359,9 @@ def main():
             }},
             "named_in": {"type": "path", "default": "/etc/systemd/system"},
             "secret_files": {"type": "dict", "default": {}, "no_log": True},
-            "credentials": {"type": "list", "elements": "dict", "default": [], "no_log": True, "options": {
+            # no_log on the values alone: the paths come back in changed_paths, which
+            # tells the role which drains to end (a no_log path would be masked there)
+            "credentials": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "path", "required": True},
                 "name": {"type": "str", "required": True},
                 "value": {"type": "str", "required": True, "no_log": True},

@@ -97,5 +97,6 @@ def test_a_hook_unit_loads_the_hook_credentials_as_the_role_wrote_them():
     assert after_run.credential_properties(("encrypted", pairs)) == [
         "--property=LoadCredentialEncrypted=token:/etc/batchq/mail.token.hookcred",
         "--property=LoadCredentialEncrypted=key:/etc/batchq/mail.key.hookcred"]
-    assert after_run.credential_properties(("plain", pairs))[0] == "--property=LoadCredential=token:/etc/batchq/mail.token.hookcred"
+    assert after_run.credential_properties(("plain", pairs))[0] == (
+        "--property=LoadCredential=token:/etc/batchq/mail.token.hookcred")
     assert after_run.credential_properties(None) == []

@@ -80,9 +80,15 @@ def test_stale_secrets_are_those_no_unit_names_of_consumers_this_list_knows():
         {"name": "sync", "command": "/bin/true"},
         {"name": "old", "state": "absent"},
     ])
-    found = ["/etc/batchq/mail.env", "/etc/batchq/mail.kept.cred", "/etc/batchq/mail.rotated.away.cred",
-             "/etc/batchq/mail.token.hookcred", "/etc/batchq/sync.env", "/etc/batchq/old.x.cred",
-             "/etc/batchq/gone.env", "/etc/batchq/gone.db.cred", "/etc/batchq/others.env", "/etc/batchq/mail.conf"]
+    found = ["/etc/batchq/mail.env", "/etc/batchq/mail.kept.cred", "/etc/batchq/mail.kept.cred-encrypted",
+             "/etc/batchq/mail.rotated.away.cred", "/etc/batchq/mail.token.hookcred", "/etc/batchq/sync.env",
+             "/etc/batchq/old.x.cred", "/etc/batchq/gone.env", "/etc/batchq/gone.db.cred-encrypted",
+             "/etc/batchq/others.env", "/etc/batchq/mail.conf"]
+    # the host's systemd reads clear text (247-249): the encrypted form is stale, and the other way round
     assert stale_secrets(found, consumers, removed=["gone"]) == [
-        "/etc/batchq/gone.db.cred", "/etc/batchq/gone.env", "/etc/batchq/mail.rotated.away.cred",
-        "/etc/batchq/mail.token.hookcred", "/etc/batchq/old.x.cred", "/etc/batchq/sync.env"]
+        "/etc/batchq/gone.db.cred-encrypted", "/etc/batchq/gone.env", "/etc/batchq/mail.kept.cred-encrypted",
+        "/etc/batchq/mail.rotated.away.cred", "/etc/batchq/mail.token.hookcred", "/etc/batchq/old.x.cred",
+        "/etc/batchq/sync.env"]
+    assert "/etc/batchq/mail.kept.cred" in stale_secrets(found, consumers, encrypted=True)
+    # what remove.yml deletes with a removed consumer's units: all of its secrets, and only those
+    assert stale_secrets(found, [], removed=["gone"]) == ["/etc/batchq/gone.db.cred-encrypted", "/etc/batchq/gone.env"]

@@ -463,14 +463,22 @@ def test_credentials_become_files_the_unit_loads_and_their_values_stay_out_of_it
     consumer = one(credentials={"db_password": "hunter2\nline two", "tls.key": "-----BEGIN"},
                    hook_credentials={"webhook_token": "t0ken"}, on_failure="/usr/local/bin/notify")
     assert not re.search("hunter2|BEGIN|t0ken", repr(consumer))
+    # in clear text for systemd 247-249, encrypted in a file of another name (a unit of one form never reads the other)
     assert consumer["credentials"] == {
-        "credentials": [{"name": "db_password", "path": "/etc/batchq/thumbs.db_password.cred"},
-                        {"name": "tls.key", "path": "/etc/batchq/thumbs.tls.key.cred"}],
-        "hook_credentials": [{"name": "webhook_token", "path": "/etc/batchq/thumbs.webhook_token.hookcred"}]}
+        "credentials": [{"name": "db_password", "path": "/etc/batchq/thumbs.db_password.cred",
+                         "encrypted_path": "/etc/batchq/thumbs.db_password.cred-encrypted"},
+                        {"name": "tls.key", "path": "/etc/batchq/thumbs.tls.key.cred",
+                         "encrypted_path": "/etc/batchq/thumbs.tls.key.cred-encrypted"}],
+        "hook_credentials": [{"name": "webhook_token", "path": "/etc/batchq/thumbs.webhook_token.hookcred",
+                              "encrypted_path": "/etc/batchq/thumbs.webhook_token.hookcred-encrypted"}]}
     # the batch's secrets, whose change ends a running drain; a hook reads its own at each start
-    assert consumer["secret_paths"] == ["/etc/batchq/thumbs.db_password.cred", "/etc/batchq/thumbs.tls.key.cred"]
-    assert json.loads(shlex.split(consumer["hook_credentials"])[0]) == [
-        "webhook_token:/etc/batchq/thumbs.webhook_token.hookcred"]
+    assert consumer["secret_paths"] == [
+        "/etc/batchq/thumbs.db_password.cred", "/etc/batchq/thumbs.db_password.cred-encrypted",
+        "/etc/batchq/thumbs.tls.key.cred", "/etc/batchq/thumbs.tls.key.cred-encrypted"]
+    for form, suffix in (("plain", ""), ("encrypted", "-encrypted")):
+        words = shlex.split(consumer["hook_credentials"][form])
+        assert words[0] == form and json.loads(words[1]) == [
+            "webhook_token:/etc/batchq/thumbs.webhook_token.hookcred" + suffix]
 
 
 def test_credential_files_hold_the_values_as_given_and_defaults_merge_key_by_key():
@@ -479,14 +487,18 @@ def test_credential_files_hold_the_values_as_given_and_defaults_merge_key_by_key
     assert credential_files(consumers, defaults) == [
         {"path": "/etc/batchq/thumbs.db_password.cred", "name": "db_password", "value": "own\n"},
         {"path": "/etc/batchq/thumbs.shared.cred", "name": "shared", "value": "s"}]
+    assert [f["path"] for f in credential_files(consumers, defaults, encrypted=True)] == [
+        "/etc/batchq/thumbs.db_password.cred-encrypted", "/etc/batchq/thumbs.shared.cred-encrypted"]
 
 
 @pytest.mark.parametrize("field", ["credentials", "hook_credentials"])
 @pytest.mark.parametrize("value, problem", [
     ({"db/password": "x"}, "'db/password' is not a credential name"),
     ({".hidden": "x"}, "'.hidden' is not a credential name"),
-    ({"x" * 256: "x"}, "is not a credential name"),
-    ({"pin": 1234}, "value of pin must be a string, got int (quote it)"),
+    ({"x" * 129: "x"}, "is not a credential name: 1-128 letters"),
+    ({"pin": 1234}, "value of pin must be a string, got int (quote it, or template it with | string)"),
+    ({"blob": b"bytes"}, "value of blob must be a string, got bytes"),
+    ({"when": __import__("datetime").date(2026, 12, 2)}, "value of when must be a string, got date"),
     ({"flag": True}, "value of flag must be a string, got bool"),
     ({"missing": None}, "value of missing must be a string, got NoneType"),
     ({"nested": {"a": "b"}}, "value of nested must be a string, got dict"),

@@ -13,22 +13,24 @@ import pytest
 
 from testlib import PREFIX, assert_deployed, consumers, deploy, journal, show, systemd_version, wait_for
 
-# systemd's syntax in it (%, $, quotes, a trailing backslash) and several lines: a file takes it as it is
-SECRET = "pw with 'quotes' \"and\" $HOME %n 100% \\\nsecond line\n"
-ROTATED = "rotated " + SECRET
-TOKEN = "hook-token-7f3e"
+# systemd's syntax in it (%, $, quotes, a trailing backslash) and several lines: a file takes it as it is.
+# Each line carries a marker that no quoting in any output can change, to look for.
+SECRET = "Kq7Zfirst pw with 'quotes' \"and\" $HOME %n 100% \\\nKq7Zsecond line\n"
+ROTATED = "Kq7Zrotated " + SECRET
+TOKEN = "Kq7Ztoken-7f3e"
+MARKER = "Kq7Z"
 STATE = "/var/lib/batchq"
 
 # Commands are one line each (the role refuses a newline in a command).
 # Writes down what it found (a digest of the credential, never the value), its own
-# environment and a child's, then runs until the test creates release (at most 300 s).
+# environment and a child's, then runs until the test creates release (at most 600 s).
 KEEPER = "; ".join([
     'seen=$(sha256sum < "$CREDENTIALS_DIRECTORY/db_password" | cut -d" " -f1)',
     'echo "{\\"invocation\\": \\"$INVOCATION_ID\\", \\"seen\\": \\"$seen\\"}" >> "$STATE_DIRECTORY/seen.jsonl"',
     'tr "\\0" "\\n" < /proc/self/environ > "$STATE_DIRECTORY/environ"',
     'sh -c "tr \\"\\\\0\\" \\"\\\\n\\" < /proc/self/environ" > "$STATE_DIRECTORY/child-environ"',
     'i=0',
-    'while [ ! -e "$STATE_DIRECTORY/release" ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done',
+    'while [ ! -e "$STATE_DIRECTORY/release" ] && [ $i -lt 3000 ]; do sleep 0.2; i=$((i + 1)); done',
 ])
 # Tries to read the keeper's credential where systemd holds it during a run.
 NOSY = ('cat /run/credentials/batchq-keeper.service/db_password > "$STATE_DIRECTORY/stolen" 2> "$STATE_DIRECTORY/error";'
@@ -80,6 +82,15 @@ def encrypted(host):
     return systemd_version(host) >= 250
 
 
+def stored(host, consumer, name):
+    """Where the role keeps a credential on this host: encrypted files have a name of their own."""
+    return "/etc/batchq/%s.%s.cred%s" % (consumer, name, "-encrypted" if encrypted(host) else "")
+
+
+def assert_told_nothing(process):
+    assert MARKER not in process.output, "a secret in the deploy's --diff -vv output"
+
+
 @pytest.fixture(scope="module")
 def deployed(hosts):
     process = deploy(the_consumers(), verbose=True)
@@ -92,26 +103,25 @@ def deployed(hosts):
 
 
 def test_the_secret_is_in_no_output_unit_or_environment_and_encrypted_at_rest(hosts, deployed):
-    for line in SECRET.splitlines() + [TOKEN]:
-        assert line not in deployed.output, "a secret in the deploy's --diff -vv output"
+    assert_told_nothing(deployed)
     for host in hosts:
         for unit in ("keeper", "alarmed"):
             text = host.check_output("systemctl cat %s && systemctl show %s", PREFIX + unit + ".service",
                                      PREFIX + unit + ".service")
-            assert "second line" not in text and TOKEN not in text, text
+            assert MARKER not in text, text
         unit = host.check_output("systemctl cat %s", PREFIX + "keeper.service")
         setting = "LoadCredentialEncrypted" if encrypted(host) else "LoadCredential"
-        assert "\n%s=db_password:/etc/batchq/keeper.db_password.cred\n" % setting in unit, unit
+        path = stored(host, "keeper", "db_password")
+        assert "\n%s=db_password:%s\n" % (setting, path) in unit, unit
         # on disk: root's alone, and not the value where systemd can decrypt
-        stored = host.file("/etc/batchq/keeper.db_password.cred")
-        assert (stored.user, stored.group, stored.mode) == ("root", "root", 0o600)
-        content = host.check_output("base64 -w0 /etc/batchq/keeper.db_password.cred")
+        file = host.file(path)
+        assert (file.user, file.group, file.mode) == ("root", "root", 0o600)
         if encrypted(host):
-            assert "second line" not in host.check_output("cat /etc/batchq/keeper.db_password.cred")
-            assert host.check_output("systemd-creds decrypt --name=db_password /etc/batchq/keeper.db_password.cred - "
-                                     "| sha256sum | cut -d' ' -f1") == digest(SECRET)
+            assert MARKER not in host.check_output("cat %s", path)
+            assert host.check_output("systemd-creds decrypt --name=db_password %s - | sha256sum | cut -d' ' -f1",
+                                     path) == digest(SECRET)
         else:
-            assert content == host.check_output("printf %s | base64 -w0", SECRET)
+            assert host.check_output("base64 -w0 %s", path) == host.check_output("printf %s | base64 -w0", SECRET)
 
 
 def test_only_the_batch_reads_it_and_not_from_its_environment(hosts, deployed):
@@ -134,7 +144,7 @@ def test_only_the_batch_reads_it_and_not_from_its_environment(hosts, deployed):
                 assert status != "0" and stolen == "", (name, nosy, host.check_output("cat %s/%s/error", STATE, nosy))
             for environ in ("environ", "child-environ"):
                 text = host.check_output("cat %s/keeper/%s", STATE, environ)
-                assert "second line" not in text and "CREDENTIALS_DIRECTORY=" in text, (name, environ)
+                assert MARKER not in text and "CREDENTIALS_DIRECTORY=" in text, (name, environ)
     finally:
         for host in hosts:
             host.check_output("touch %s/keeper/release", STATE)
@@ -144,12 +154,14 @@ def test_a_rotated_secret_reaches_the_next_batch_and_spares_the_one_in_flight(ho
     for host in hosts:
         host.check_output("rm -f %s/keeper/release %s/keeper/seen.jsonl && systemctl start --no-block %s",
                           STATE, STATE, PREFIX + "keeper.service")
-        host.check_output("touch %s/drainer/backlog", STATE)
+        host.check_output("rm -f %s/drainer/seen.jsonl && touch %s/drainer/backlog", STATE, STATE)
     for host in hosts:
         wait_for(lambda: seen(host, "keeper") and [run for run in seen(host, "drainer") if run["batch"] >= 2], 60,
                  "the keeper and a draining drainer on %s" % host.backend.get_hostname())
     in_flight = {host.backend.get_hostname(): seen(host, "keeper")[-1]["invocation"] for host in hosts}
-    assert_deployed(deploy(the_consumers(secret=ROTATED)))
+    rotation = deploy(the_consumers(secret=ROTATED), verbose=True)
+    assert_deployed(rotation)
+    assert_told_nothing(rotation)
     for host in hosts:
         name = host.backend.get_hostname()
         # the batch in flight runs on, with the value it started with
@@ -178,15 +190,14 @@ def test_a_hook_reads_its_own_credential_and_the_batch_has_none_of_it(hosts, dep
     for host in hosts:
         name = host.backend.get_hostname()
         wait_for(lambda: host.run("cat /run/batchq-hook-token").stdout == TOKEN, 60, "the hook on %s" % name)
-        assert TOKEN not in host.check_output("cat %s/alarmed/own-credentials", STATE)
         assert "webhook_token" not in host.check_output("cat %s/alarmed/own-credentials", STATE)
 
 
 def test_a_removed_credential_is_deleted_and_no_unit_names_it(hosts, deployed):
     assert_deployed(deploy(the_consumers(secret=None)))
     for host in hosts:
-        assert not host.file("/etc/batchq/keeper.db_password.cred").exists
+        assert not host.file(stored(host, "keeper", "db_password")).exists
         assert "db_password" not in host.check_output("systemctl cat %s", PREFIX + "keeper.service")
         # the others keep theirs
-        assert host.file("/etc/batchq/drainer.db_password.cred").exists
-        assert host.file("/etc/batchq/alarmed.webhook_token.hookcred").exists
+        assert host.file(stored(host, "drainer", "db_password")).exists
+        assert host.file(stored(host, "alarmed", "webhook_token").replace(".cred", ".hookcred")).exists
