@@ -98,11 +98,11 @@ options:
     default: {}
   credentials:
     description:
-      - systemd credentials to write after O(secret_files), each owned by root with mode C(0600):
+      - systemd credentials to write after O(secret_files), each owned by root with mode C(0600),
         encrypted with C(systemd-creds encrypt) when O(encrypt_credentials) is set, the value itself
         otherwise. Their values are never logged, returned or shown in a diff. Their folder must exist.
       - An encrypted credential is decrypted (C(systemd-creds decrypt)) to tell whether its value
-        changed: the same value is not encrypted again, so a deploy that changes nothing changes no
+        changed; the same value is not encrypted again, so a deploy that changes nothing changes no
         credential file.
     type: list
     elements: dict
@@ -123,7 +123,7 @@ options:
   encrypt_credentials:
     description:
       - Encrypt O(credentials) with C(systemd-creds) (systemd 250 and later) for C(LoadCredentialEncrypted=),
-        with the host's key (and a TPM2 where there is one: systemd's C(auto)).
+        with the host's key (and a TPM2 where there is one, systemd's C(auto)).
     type: bool
     default: false
 attributes:
