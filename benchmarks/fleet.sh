@@ -136,6 +136,8 @@ drain() {
   sql "TRUNCATE batchq_results, batchq_jobs RESTART IDENTITY" >/dev/null
   docker exec -e PGHOST="$database" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
     "${workers[0]}" batchq-pgqueue-enqueue "$jobs" >/dev/null
+  # every drain starts from the same database: what came before flushed, no checkpoint under way
+  sql "CHECKPOINT" >/dev/null
   started=$(sql "SELECT extract(epoch FROM clock_timestamp())")
   while read -r w i; do
     if [ "$variant" = consumer ]; then
