@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Draws the markdown tables that benchmarks/fleet.sh and benchmarks/drain.sh print.
 
 Usage: plot.py fleet|drain TABLE.md OUT.png [TITLE]
@@ -82,7 +81,7 @@ def draw(kind, text, out, title=None):
     if kind == "fleet":
         figure, axes = pyplot.subplots(figsize=(6, 3.6), dpi=100)
         for label, points in fleet_series(text).items():
-            axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+            axes.plot([x for x, _y in points], [y for _x, y in points], marker="o", label=label)
         axes.set_xlabel("instances")
         axes.set_ylabel("jobs/s")
         axes.set_ylim(bottom=0)

@@ -103,7 +103,7 @@ def main(starts_path, results_path, drain_items):
                                         for table in runs.values() for variant, r in table)]
     print("ms a batch beyond its work, after the first batch of the run; median (min-max) of the rounds")
     print("| Debian | B | " + " | ".join(VARIANTS[v] for v in timed) + " |")
-    print("| --- | --- | " + " | ".join("---" for _ in timed) + " |")
+    print("| --- | --- | " + " | ".join("---" for variant in timed) + " |")
     for release, batch in sorted(runs):
         table = runs[release, batch]
         cells = []
