@@ -1,7 +1,10 @@
 """consumer_files on a real folder: each state, what changes, and a second run that changes nothing."""
 
+import json
 import os
 import stat
+
+import pytest
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files, paused_text
 from ansible_collections.batchq.consumers.plugins.modules import consumer_files
@@ -165,27 +168,11 @@ def test_a_credential_is_written_root_only_once_and_rewritten_when_its_value_cha
     assert os.listdir(tmp_path) == ["mail.token.cred"]
 
 
-def test_the_module_returns_the_credential_paths_it_changed_and_never_a_value(tmp_path, capsys):
+def test_the_module_returns_the_credential_paths_it_changed_and_never_a_value(tmp_path, capsys, module_args):
     """changed_paths tells the role which drains to end: the paths come back as they are,
     the values nowhere, whatever name the credential has (Ansible masks what no_log marks)."""
-    import contextlib
-    import json
-
-    import pytest
-    from ansible.module_utils import basic
-    try:
-        from ansible.module_utils.testing import patch_module_args
-    except ImportError:  # ansible-core before 2.19
-        @contextlib.contextmanager
-        def patch_module_args(args):
-            saved = basic._ANSIBLE_ARGS
-            basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-            try:
-                yield
-            finally:
-                basic._ANSIBLE_ARGS = saved
     path = str(tmp_path / "mail.tmp.cred")  # the name is part of its own path
-    with patch_module_args({"credentials": [{"path": path, "name": "tmp", "value": "s3cret-value"}]}), \
+    with module_args({"credentials": [{"path": path, "name": "tmp", "value": "s3cret-value"}]}), \
             pytest.raises(SystemExit):
         consumer_files.main()
     out = capsys.readouterr().out

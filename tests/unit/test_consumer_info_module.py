@@ -5,7 +5,6 @@ is cut short by a busy consumer, so each other consumer is read on its own,
 and the read of one fails, which a real host does not do on demand, hence the patch.
 """
 
-import contextlib
 import json
 import pathlib
 import threading
@@ -15,20 +14,6 @@ import pytest
 from ansible.module_utils import basic
 from ansible_collections.batchq.consumers.plugins.modules import consumer_info
 
-try:
-    from ansible.module_utils.testing import patch_module_args
-except ImportError:  # ansible-core before 2.19 reads a module's arguments from basic._ANSIBLE_ARGS
-
-    @contextlib.contextmanager
-    def patch_module_args(args):
-        saved = basic._ANSIBLE_ARGS
-        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-        try:
-            yield
-        finally:
-            basic._ANSIBLE_ARGS = saved
-
-
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "bookworm"
 
 
@@ -36,7 +21,7 @@ class Exit(Exception):
     pass
 
 
-def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkeypatch):
+def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkeypatch, module_args):
     calls = []
 
     def run_command(self, argv, **kwargs):
@@ -65,7 +50,7 @@ def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkey
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
     monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
-    with patch_module_args({}), pytest.raises(Exit):
+    with module_args({}), pytest.raises(Exit):
         consumer_info.main()
     assert calls[0] == ("hung read alone", False), calls
     assert len(calls) == 2, calls
@@ -123,7 +108,7 @@ def test_one_journal_read_gives_each_service_its_runs_unless_crowded_out():
     assert [run["invocation_id"] for run in runs["batchq-quiet.service"]] == ["q1"]
 
 
-def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch):
+def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch, module_args):
     def run_command(self, argv, **kwargs):
         if argv[1] == "list-unit-files":
             return 0, (FIXTURES / "units.txt").read_text(), ""
@@ -145,7 +130,7 @@ def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch):
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
-    with patch_module_args({}), pytest.raises(Exit):
+    with module_args({}), pytest.raises(Exit):
         consumer_info.main()
     last_runs = [report["last_run"] for report in reports.values()
                  if report["last_run"] and report["last_run"]["invocation_id"]]
