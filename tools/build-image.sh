@@ -54,8 +54,9 @@ chroot "$root" systemctl mask getty.target console-getty.service systemd-network
 chroot "$root" systemctl disable pgbouncer.service >/dev/null 2>&1 || true
 # On a host, systemd makes every mount shared at boot; in a container it leaves
 # the engine's private ones, and the credentials it mounts for a unit's run
-# would stay out of the unit's reach. Shared, as on a host, at every boot.
-cat >"$root/etc/systemd/system/batchq-shared-mounts.service" <<'UNIT'
+# would stay out of the unit's reach. Shared, as on a host, at every boot (a
+# unit named apart from the batchq- units, which the role owns).
+cat >"$root/etc/systemd/system/shared-mounts.service" <<'UNIT'
 [Unit]
 Description=Share mounts as systemd does on a host
 DefaultDependencies=no
@@ -68,7 +69,7 @@ ExecStart=/bin/mount --make-rshared /
 [Install]
 WantedBy=sysinit.target
 UNIT
-chroot "$root" systemctl enable batchq-shared-mounts.service >/dev/null 2>&1
+chroot "$root" systemctl enable shared-mounts.service >/dev/null 2>&1
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 : >"$root/etc/machine-id"
 

@@ -65,13 +65,15 @@ def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
         kill_times, journal(host, "hang"))
     # a run ends after its ExecStopPost= writer: never before its timeout
     assert all(r["duration_s"] >= timeout - 0.3 for r in history), report
-    own = {r["invocation"]: r["start"] for r in runs(host, "hang")}
+    # by the manager's stamps: the probe of a run may not get to record its start
+    # within a timeout of 3 s on a loaded machine, and the next record would be a run later
+    starts = [timestamp_of(r["started"]) for r in history if r["started"]]
     gaps = []
     for previous in history:
-        later = [t for t in own.values() if t > timestamp_of(previous["finished"])]
+        later = [t for t in starts if t > timestamp_of(previous["finished"])]
         if later:
             gaps.append(min(later) - timestamp_of(previous["finished"]))
-    # the interval, its accuracy and the probe's own start on a loaded machine
+    # the interval, its accuracy and the manager's own pace on a loaded machine
     assert gaps and all(g <= interval + 0.1 + 3.0 for g in gaps), gaps
     figure("%s hang: killed after %.2f-%.2fs (timeout %gs), next run %.2f-%.2fs later (interval %gs)" % (
         host.backend.get_hostname(), min(kill_times), max(kill_times), timeout, min(gaps), max(gaps), interval))
