@@ -590,7 +590,9 @@ def normalize_consumer(raw, defaults, prefix):
         _fail(name, "preload", "%s is the module the command runs, afresh in each batch: preload what it imports"
               % target[1])
     hooks = {field: None if item[field] is None else split_command(name, item[field], field) for field in HOOK_KEYS}
-    if _credentials(name, "hook_credentials", item["hook_credentials"]) and not any(hooks.values()):
+    # each validated once: {field: [(NAME, value)]}
+    credentials = {field: _credentials(name, field, item[field]) for field in CREDENTIAL_SUFFIX}
+    if credentials["hook_credentials"] and not any(hooks.values()):
         _fail(name, "hook_credentials", "needs on_failure or on_recovery: only a hook's own unit loads them")
     # Also for a drain, whose ExecStart= names the runner: verify never sees the command.
     required_paths = [{"field": "command", "path": argv[0]}] if argv else []
@@ -621,18 +623,17 @@ def normalize_consumer(raw, defaults, prefix):
         # what a batch reads of its secrets (a drain's runner loads them once per run)
         "secret_paths": ((["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])
                          + [credential_path(name, "credentials", key, encrypted)
-                            for key, _value in _credentials(name, "credentials", item["credentials"])
-                            for encrypted in (False, True)]),
+                            for key, _value in credentials["credentials"] for encrypted in (False, True)]),
         # the arguments of batchq_after_run.py --hook-credentials, by form: the form and NAME:PATH of each, as JSON
         "hook_credentials": {form: " ".join(systemd_quote(word) for word in [form, json.dumps([
             "%s:%s" % (key, credential_path(name, "hook_credentials", key, form == "encrypted"))
-            for key, _value in _credentials(name, "hook_credentials", item["hook_credentials"])])])
-            for form in ("plain", "encrypted")} if item["hook_credentials"] else None,
+            for key, _value in credentials["hook_credentials"]])])
+            for form in ("plain", "encrypted")} if credentials["hook_credentials"] else None,
         # {field: [{name, path, encrypted_path}]}: what LoadCredential(Encrypted)= loads, for the batch and for its hooks
         "credentials": {field: [{"name": key, "path": credential_path(name, field, key),
                                  "encrypted_path": credential_path(name, field, key, True)}
-                                for key, _value in _credentials(name, field, item[field])]
-                        for field in CREDENTIAL_SUFFIX},
+                                for key, _value in pairs]
+                        for field, pairs in credentials.items()},
         "environment_check": environment_check(
             ([item["environment_file"]] if item["environment_file"] else [])
             + (["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])),
