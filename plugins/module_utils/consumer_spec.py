@@ -422,10 +422,12 @@ def _credentials(name, field, credentials):
                                " starting with a letter, digit or '_'" % (key,))
         value = credentials[key]
         if not isinstance(value, str) and type(value).__name__ not in VAULT_TYPES:
-            # a number would lose its form (0123, 1e3), bytes and dates would be remade
+            # a number would lose its form (0123, 1e3), bytes and dates would be remade;
+            # named by its base type, not ansible-core's tagged subclass of it
+            kind = next((base.__name__ for base in (bool, int, float, bytes, dict, list) if isinstance(value, base)),
+                        type(value).__name__)
             _fail(name, field, "value of %s must be a string, got %s%s" % (
-                key, type(value).__name__,
-                " (quote it, or template it with | string)" if isinstance(value, (int, float)) else ""))
+                key, kind, " (quote it, or template it with | string)" if kind in ("int", "float") else ""))
         pairs.append((key, str(value)))
     if sum(len(value.encode("utf-8")) for _key, value in pairs) > CREDENTIALS_MAX_BYTES:
         _fail(name, field, "the values are larger than 1 MiB together, more than systemd loads for one unit")
