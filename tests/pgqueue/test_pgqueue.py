@@ -59,6 +59,39 @@ def test_enqueue_and_stats(client, queue):
     assert json.loads(output) == {"states": {"done": 5, "queued": 2}, "done_by_host": {host: 5}}, output
 
 
+# The session's settings as the batch's connection has them once configured:
+# what the startup options set wins, every other one takes the consumer's value.
+SESSION_SHOWN = """
+import importlib.machinery, importlib.util, json, os
+loader = importlib.machinery.SourceFileLoader("pgqueue", "/usr/local/bin/batchq-pgqueue")
+pgqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader("pgqueue", loader))
+loader.exec_module(pgqueue)
+conn = pgqueue.psycopg.connect(os.environ.get("BATCHQ_PG_DSN", ""), **pgqueue.connection_options())
+pgqueue.configure_session(conn)
+cursor = conn.cursor()
+cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), "
+               "current_setting('idle_in_transaction_session_timeout'), current_setting('search_path')")
+print(json.dumps(cursor.fetchone()))
+"""
+
+
+def session_settings(client, env):
+    done = docker(*client.argv("python3", ["-c", SESSION_SHOWN], env, None), check=False)
+    assert done.returncode == 0, done.stdout
+    return json.loads(done.stdout)
+
+
+def test_the_startup_options_keep_their_settings_and_the_others_take_the_consumers(client):
+    assert session_settings(client, {}) == ["5s", "30s", "1min", '"$user", public']
+    # libpq's own forms: -c NAME=VALUE, -cNAME=VALUE, --NAME=VALUE (dashes for underscores), an escaped space
+    options = r"-c statement_timeout=7s -clock_timeout=2s --idle-in-transaction-session-timeout=9s " \
+              r"-c search_path=public,\ pg_catalog"
+    assert session_settings(client, {"PGOPTIONS": options}) == ["2s", "7s", "9s", "public, pg_catalog"]
+    assert session_settings(client, {"PGOPTIONS": "-c statement_timeout=7s"}) == ["5s", "7s", "1min",
+                                                                                 '"$user", public']
+    assert session_settings(client, {"BATCHQ_PG_DSN": "options='-c lock_timeout=3s'"})[:2] == ["3s", "30s"]
+
+
 def test_a_batch_whose_work_outlasts_the_idle_in_transaction_timeout_commits(client, queue):
     # 2 s a job, 4 jobs: 8 s between the claim and the writes, each job within the bound.
     jobs = 4
