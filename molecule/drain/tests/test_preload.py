@@ -62,6 +62,8 @@ def test_each_batch_runs_as_python3_script_would_and_alone(host):
         assert start["imported_by"] == runner != start["pid"], (start, context)
         assert start["argv"] == [SCRIPT, "--limit", "5"] and start["file"] == SCRIPT, start
         assert start["path0"] == FOLDER and start["own_group"], start
+        # under memory_max the kernel kills the batch that grew, not the runner (batchq-drain's OOM_SCORE_RAISE)
+        assert start["oom_score_adj"] == min(1000, start["runner_oom_score_adj"] + 500), start
         # what the earlier batches appended to the module's global is gone
         assert start["seen"] == [], start
         assert start["invocation"] == ended["InvocationID"], start

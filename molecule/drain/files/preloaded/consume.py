@@ -33,6 +33,11 @@ def rss_kib():
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
+def oom_score_adj(pid="self"):
+    with open("/proc/%s/oom_score_adj" % pid) as handle:
+        return int(handle.read())
+
+
 def plan(number):
     try:
         with open(os.path.join(STATE, "plan.json")) as handle:
@@ -72,7 +77,8 @@ def main():
     record(event="start", batch=number, time=time.time(), pid=os.getpid(), own_group=os.getpgrp() == os.getpid(),
            argv=sys.argv, path0=sys.path[0], file=__file__, imported_by=heavy.IMPORTED_BY,
            imported_at=heavy.IMPORTED_AT, seen=list(heavy.SEEN), version=heavy.VERSION, random=random.random(),
-           rss_kib=rss_kib(), frozen=gc.get_freeze_count(), invocation=os.environ.get("INVOCATION_ID"), action=action)
+           rss_kib=rss_kib(), frozen=gc.get_freeze_count(), invocation=os.environ.get("INVOCATION_ID"), action=action,
+           oom_score_adj=oom_score_adj(), runner_oom_score_adj=oom_score_adj(os.getppid()))
     # what every batch leaves behind in the module: the next must not see it
     heavy.SEEN.append(number)
     print("batch %d says hello on stdout" % number)
