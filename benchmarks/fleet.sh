@@ -28,7 +28,9 @@
 #             sandbox): one process and one connection for the whole drain.
 # Each run ends when a batch leaves no due job behind; its drain time is
 # from the start (the database's clock) to the last job marked done
-# (clock_timestamp() of its UPDATE). Rounds interleave the variants.
+# (clock_timestamp() of its UPDATE). Rounds interleave the variants. A second
+# table gives the CPU time a batch (LIMIT jobs) cost the three workers together
+# and the database, from their containers' cgroups over each drain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -91,6 +93,21 @@ ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgres
 
 sql() { docker exec "$database" runuser -u postgres -- psql -d batchq -AtX -v ON_ERROR_STOP=1 -c "$1"; }
 
+# The CPU time (ns) a container has used, from its cgroup: cgroup v1 (cgroupfs)
+# or v2 (systemd's scopes); 0 where neither is found.
+container_cpu() {
+  local id
+  id=$(docker inspect -f '{{.Id}}' "$1")
+  if [ -r "/sys/fs/cgroup/cpuacct/docker/$id/cpuacct.usage" ]; then
+    cat "/sys/fs/cgroup/cpuacct/docker/$id/cpuacct.usage"
+  elif [ -r "/sys/fs/cgroup/system.slice/docker-$id.scope/cpu.stat" ]; then
+    awk '$1 == "usage_usec" {print $2 * 1000}' "/sys/fs/cgroup/system.slice/docker-$id.scope/cpu.stat"
+  else
+    echo 0
+  fi
+}
+workers_cpu() { local total=0 host; for host in "${workers[@]}"; do total=$((total + $(container_cpu "$host"))); done; echo $total; }
+
 # What a batch pays before its first job, beside its work: a connection as the
 # consumer makes it (libpq's defaults: TLS when the server offers it, SCRAM),
 # a fork of a process that has imported psycopg, and a connection through the
@@ -130,14 +147,16 @@ placement() {
   for ((k = 0; k < n; k++)); do echo "$((k % 3)) $((k / 3 + 1))"; done
 }
 
-# One drain by N instances of a variant; prints its jobs/s.
+# One drain by N instances of a variant; prints its jobs/s, then the workers'
+# and the database's CPU ms per batch of $limit jobs.
 drain() {
-  local variant=$1 n=$2 w i started
+  local variant=$1 n=$2 w i started workers_before database_before workers_used database_used
   sql "TRUNCATE batchq_results, batchq_jobs RESTART IDENTITY" >/dev/null
   docker exec -e PGHOST="$database" -e PGDATABASE=batchq -e PGUSER=batchq -e PGPASSWORD="$password" \
     "${workers[0]}" batchq-pgqueue-enqueue "$jobs" >/dev/null
   # every drain starts from the same database: what came before flushed, no checkpoint under way
   sql "CHECKPOINT" >/dev/null
+  workers_before=$(workers_cpu) database_before=$(container_cpu "$database")
   started=$(sql "SELECT extract(epoch FROM clock_timestamp())")
   while read -r w i; do
     if [ "$variant" = consumer ]; then
@@ -157,17 +176,21 @@ drain() {
     docker exec "${workers[$w]}" sh -c 'while systemctl list-units --plain --no-legend --state=active,activating,deactivating \
                                           "batchq-pg*@*.service" "bench-daemon-*.service" | grep -q .; do sleep 0.1; done'
   done
+  workers_used=$(($(workers_cpu) - workers_before)) database_used=$(($(container_cpu "$database") - database_before))
   [ "$(sql "SELECT count(*) FROM batchq_jobs WHERE state = 'done'")" = "$jobs" ] \
     || { echo "fleet.sh: $variant x$n left jobs undone" >&2; exit 1; }
-  sql "SELECT round($jobs / (extract(epoch FROM max(done_at)) - $started)) FROM batchq_jobs"
+  echo "$(sql "SELECT round($jobs / (extract(epoch FROM max(done_at)) - $started)) FROM batchq_jobs")" \
+       "$((workers_used * limit / jobs / 1000000))" "$((database_used * limit / jobs / 1000000))"
 }
 
 read -r -a counts <<<"${FLEET_COUNTS:-1 2 4 6}"
-declare -A rates
+declare -A rates workers_ms database_ms
 for ((round = 1; round <= rounds; round++)); do
   for n in "${counts[@]}"; do
     for variant in consumer preload pooled daemon; do
-      rates[$variant$n]+="$(drain "$variant" "$n") "
+      result=$(drain "$variant" "$n")
+      read -r rate worker_cpu database_cpu <<<"$result"
+      rates[$variant$n]+="$rate " workers_ms[$variant$n]+="$worker_cpu " database_ms[$variant$n]+="$database_cpu "
     done
     echo "round $round, $n: consumers ${rates[consumer$n]}/ preload ${rates[preload$n]}/" \
          "pooled ${rates[pooled$n]}/ daemons ${rates[daemon$n]}" >&2
@@ -188,6 +211,17 @@ table=$(mktemp)
       'BEGIN {printf "| %d | %d | %d | %d | %d | %.2f | %.2f | %.2f |\n", n, c, p, q, d, c / d, p / d, q / d}'
   done
 } | tee "$table"
+echo
+echo "CPU ms a batch of $limit jobs cost the three workers together / the database (median):"
+echo "| instances | consumers | with preload | with preload and pooler | daemons |"
+echo "| --- | --- | --- | --- | --- |"
+for n in "${counts[@]}"; do
+  row="| $n |"
+  for variant in consumer preload pooled daemon; do
+    row+=" $(median <<<"${workers_ms[$variant$n]}") / $(median <<<"${database_ms[$variant$n]}") |"
+  done
+  echo "$row"
+done
 plot_dir=${BENCH_PLOT_DIR-docs/docsite/rst/images}
 if [ -n "$plot_dir" ]; then
   make -s "$PWD/.cache/docs-venv/.installed"

@@ -102,8 +102,9 @@ def draw(kind, text, out, title=None):
             axes.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
             axes.set_xlabel("batch size B")
             axes.set_title("Debian " + release, fontsize="medium")
-            axes.set_ylim(bottom=0)
             axes.grid(True, alpha=0.3)
+        # once every panel is drawn: the shared axis then spans all of them
+        all_axes[0][0].set_ylim(bottom=0)
         all_axes[0][0].set_ylabel("ms a batch beyond its work")
         handles, labels = all_axes[0][0].get_legend_handles_labels()
         figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small", frameon=False)
