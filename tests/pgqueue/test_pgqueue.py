@@ -87,8 +87,8 @@ def test_the_startup_options_keep_their_settings_and_the_others_take_the_consume
     options = r"-c statement_timeout=7s -clock_timeout=2s --idle-in-transaction-session-timeout=9s " \
               r"-c search_path=public,\ pg_catalog"
     assert session_settings(client, {"PGOPTIONS": options}) == ["2s", "7s", "9s", "public, pg_catalog"]
-    assert session_settings(client, {"PGOPTIONS": "-c statement_timeout=7s"}) == ["5s", "7s", "1min",
-                                                                                 '"$user", public']
+    default_path = '"$user", public'
+    assert session_settings(client, {"PGOPTIONS": "-c statement_timeout=7s"}) == ["5s", "7s", "1min", default_path]
     assert session_settings(client, {"BATCHQ_PG_DSN": "options='-c lock_timeout=3s'"})[:2] == ["3s", "30s"]
 
 

@@ -235,6 +235,6 @@ def test_the_container_shares_run_alone_and_a_copy_into_it_adds_no_mounts(host, 
     copied = tmp_path / "copied"
     copied.write_text("a file\n")
     container = host.ansible.get_variables().get("ansible_host", host.backend.host)
-    for _ in range(2):
-        subprocess.run(["docker", "cp", "-q", str(copied), "%s:/tmp/copied" % container], check=True, timeout=60)
+    for copy in ("/tmp/copied", "/tmp/copied-again"):
+        subprocess.run(["docker", "cp", "-q", str(copied), "%s:%s" % (container, copy)], check=True, timeout=60)
     assert mounts() == before
