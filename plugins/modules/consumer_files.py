@@ -20,6 +20,8 @@ description:
     to the host for every consumer.
   - Each entry is brought to its state in order; only what differs is changed. A file's content
     is replaced atomically (a temporary file in the same folder, then a rename).
+  - The missing folders above an entry, a secret file or a credential are made first, root's with
+    mode C(0755), as a package would make them. They are in RV(changed_paths) too.
 options:
   absent:
     description: Paths to remove first (a folder goes with everything in it); a missing one is fine.
@@ -93,14 +95,15 @@ options:
   secret_files:
     description:
       - Files to write after O(files), path to content, each owned by root with mode C(0600); their
-        content is never logged, returned or shown in a diff. Their folder must exist (put it in O(files)).
+        content is never logged, returned or shown in a diff. Put their folder in O(files) to give it an owner
+        and mode of its own.
     type: dict
     default: {}
   credentials:
     description:
       - systemd credentials to write after O(secret_files), each owned by root with mode C(0600),
         encrypted with C(systemd-creds encrypt) when O(encrypt_credentials) is set, the value itself
-        otherwise. Their values are never logged, returned or shown in a diff. Their folder must exist.
+        otherwise. Their values are never logged, returned or shown in a diff.
       - An encrypted credential is decrypted (C(systemd-creds decrypt)) to tell whether its value
         changed; the same value is not encrypted again, so a deploy that changes nothing changes no
         credential file.
@@ -222,6 +225,29 @@ def _content(path):
             return handle.read()
     except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError, OSError):
         return None
+
+
+def missing_parents(path):
+    """The folders above path that do not exist yet, the topmost first. A bare
+    host has no /var/lib/prometheus, for one: the role makes what it writes into."""
+    missing = []
+    parent = os.path.dirname(path)
+    while parent not in ("", "/") and not os.path.lexists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    return missing[::-1]
+
+
+def make_parents(parents):
+    """Each folder of parents (missing_parents()), root's with mode 0755, as
+    a package would make it, whatever the umask."""
+    for parent in parents:
+        os.mkdir(parent, 0o755)
+        descriptor = _open_own(parent, directory=True)
+        try:
+            os.fchmod(descriptor, 0o755)
+        finally:
+            os.close(descriptor)
 
 
 def needs_change(entry):
@@ -374,11 +400,21 @@ def main():
     gone = [{"path": path, "state": "absent"} for path in module.params["absent"]]
     secrets = [{"path": path, "state": "file", "content": content, "force": True, "owner": "root", "group": "root",
                 "mode": "0600", "secret": True} for path, content in sorted(module.params["secret_files"].items())]
+
+    def lay_out_parents(path):
+        """The folders above path made (or, in check mode, counted once)."""
+        parents = [parent for parent in missing_parents(path) if parent not in changed]
+        changed.extend(parents)
+        if not module.check_mode:
+            make_parents(parents)
+
     for entry in gone + module.params["files"] + secrets:
         if entry["state"] == "link" and not entry.get("src"):
             module.fail_json(msg="%s: a link needs src" % entry["path"])
         try:
             if needs_change(entry):
+                if entry["state"] != "absent":
+                    lay_out_parents(entry["path"])
                 changed.append(entry["path"])
                 if module._diff and entry["state"] == "file" and not entry.get("secret"):
                     diffs.append({"before": _content(entry["path"]) or "", "after": entry["content"],
@@ -391,6 +427,7 @@ def main():
     for credential in module.params["credentials"]:
         try:
             if credential_differs(module, credential, encrypt):
+                lay_out_parents(credential["path"])
                 changed.append(credential["path"])
                 if not module.check_mode:
                     write_credential(module, credential, encrypt)

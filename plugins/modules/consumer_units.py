@@ -270,6 +270,7 @@ def install(module, units, unit_dir, unchanged=()):
         diffs.append({"before": before or "", "after": units[name],
                       "before_header": path if before is not None else "/dev/null", "after_header": path})
         if not module.check_mode:
+            os.makedirs(unit_dir, 0o755, exist_ok=True)  # /etc/systemd/system, or the user's unit_dir
             handle, temporary = tempfile.mkstemp(dir=unit_dir, prefix=".batchq.")
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
                 stream.write(units[name])

@@ -178,3 +178,48 @@ def test_the_module_returns_the_credential_paths_it_changed_and_never_a_value(tm
     out = capsys.readouterr().out
     assert json.loads(out)["changed_paths"] == [path]
     assert "s3cret-value" not in out
+
+
+def run_main(module_args, capsys, check_mode=False, **args):
+    """consumer_files' main() with args; returns what it printed, parsed."""
+    if check_mode:
+        args["_ansible_check_mode"] = True
+    with module_args(args), pytest.raises(SystemExit):
+        consumer_files.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_the_missing_folders_above_every_kind_of_entry_are_made_root_s_0755(tmp_path, capsys, module_args,
+                                                                            check_mode):
+    """A bare host has no /var/lib/prometheus: the metrics folder's parents are
+    made, and so are those of a file, a link, a secret file and a credential."""
+    old_umask = os.umask(0o077)  # a strict umask must not make them unreadable
+    try:
+        result = run_main(module_args, capsys, check_mode=check_mode, files=[
+            {"path": str(tmp_path / "var/lib/prometheus/node-exporter"), "state": "directory", "mode": "a+rx"},
+            {"path": str(tmp_path / "usr/local/lib/batchq/batchq-drain"), "content": "#!/bin/sh\n", "mode": "0755"},
+            {"path": str(tmp_path / "links/deep/batchq-x.prom"), "state": "link", "src": "batchq-x.d/metrics.prom"}],
+            secret_files={str(tmp_path / "etc/batchq/x.env"): "TOKEN=s3cret-env\n"},
+            credentials=[{"path": str(tmp_path / "creds/x.token.cred"), "name": "token", "value": "s3cret-credential"}])
+    finally:
+        os.umask(old_umask)
+    made = ["var", "var/lib", "var/lib/prometheus", "var/lib/prometheus/node-exporter",
+            "usr", "usr/local", "usr/local/lib", "usr/local/lib/batchq", "usr/local/lib/batchq/batchq-drain",
+            "links", "links/deep", "links/deep/batchq-x.prom", "etc", "etc/batchq", "etc/batchq/x.env",
+            "creds", "creds/x.token.cred"]
+    assert result["changed"] and result["changed_paths"] == [str(tmp_path / path) for path in made]
+    if check_mode:
+        assert os.listdir(tmp_path) == []
+        return
+    for parent in ("var", "var/lib/prometheus", "usr/local/lib/batchq", "links/deep", "etc/batchq", "creds"):
+        info = os.stat(tmp_path / parent)
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o755, os.getuid()), parent
+    assert stat.S_IMODE(os.stat(tmp_path / "var/lib/prometheus/node-exporter").st_mode) & 0o555 == 0o555
+    assert (tmp_path / "etc/batchq/x.env").read_text() == "TOKEN=s3cret-env\n"
+
+
+def test_an_entry_to_remove_makes_no_folder(tmp_path, capsys, module_args):
+    result = run_main(module_args, capsys, absent=[str(tmp_path / "gone/x.env")],
+                      files=[{"path": str(tmp_path / "gone/too/x.prom"), "state": "absent"}])
+    assert (result["changed"], os.listdir(tmp_path)) == (False, [])
