@@ -169,6 +169,8 @@ def parse_timespan(text):
         return float("inf")
     if not text:
         raise ValueError("is empty")
+    if text.startswith("-"):
+        raise ValueError("%r is negative: a time span is 0 or longer" % text)
     total, pos = 0.0, 0
     while pos < len(text):
         match = _TIME_PART_RE.match(text, pos)
@@ -385,6 +387,10 @@ def _check_timespans(name, item):
             _fail(name, field, str(exc))
         if seconds == float("inf") and (field not in LIMIT_KEYS or str(value).strip() != "infinity"):
             _fail(name, field, "must be finite" if field not in LIMIT_KEYS else "write 'infinity' explicitly")
+        # systemd drops what is below a microsecond: "0.3us" is 0, which is
+        # no timeout at all for a timeout, and a timer that fires at once.
+        if 0 < seconds < 1e-6:
+            _fail(name, field, "%r is less than a microsecond, which systemd reads as 0" % str(value).strip())
         spans[field] = seconds
     if spans["interval"] <= 0:
         _fail(name, "interval", "must be longer than 0")
