@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Builds a systemd-ready Debian image from Debian's own packages, because no
 # container registry is reachable from here.
-# Usage: tools/build-image.sh SUITE [TAG [EXTRA_PACKAGES]]
+# Usage: tools/build-image.sh [--bare] SUITE [TAG [EXTRA_PACKAGES]]
 #   e.g. tools/build-image.sh trixie
+#        tools/build-image.sh --bare trixie        (batchq/debian-bare:trixie)
 #        tools/build-image.sh bookworm batchq/postgresql:bookworm postgresql
+# --bare builds a host as a new user has one: systemd and python3 alone. No
+# node_exporter, no sudo, no pgbouncer, no procps: the role must work there.
 # An image built by the same recipe (this script, suite and extra packages) is
 # reused; a changed recipe rebuilds it, and so does FORCE=1.
 set -euo pipefail
 
-suite=${1:?usage: tools/build-image.sh SUITE [TAG [EXTRA_PACKAGES]]}
-tag=${2:-batchq/debian:$suite}
+bare=
+if [ "${1:-}" = --bare ]; then bare=1; shift; fi
+suite=${1:?usage: tools/build-image.sh [--bare] SUITE [TAG [EXTRA_PACKAGES]]}
+tag=${2:-batchq/debian${bare:+-bare}:$suite}
 extra=${3:-}
 
-recipe=$( { cat "$0"; echo "$suite $extra"; } | sha256sum | cut -c1-16)
+recipe=$( { cat "$0"; echo "$bare $suite $extra"; } | sha256sum | cut -c1-16)
 built=$(docker image inspect -f '{{ index .Config.Labels "batchq.recipe" }}' "$tag" 2>/dev/null || true)
 if [ -z "${FORCE:-}" ] && [ "$built" = "$recipe" ]; then
   echo "image $tag exists, reusing it"
@@ -30,11 +35,14 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}
 # node_exporter serves the consumers' metrics; psycopg runs the PostgreSQL
 # example consumer (bullseye has only psycopg2, which it uses there), and
 # pgbouncer its local pooler (examples/postgresql_queue/pooler.yml).
-packages=systemd,systemd-sysv,dbus,python3,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer
-case $suite in
-  bullseye) packages+=,python3-psycopg2 ;;
-  *) packages+=,python3-psycopg ;;
-esac
+packages=systemd,systemd-sysv,python3
+if [ -z "$bare" ]; then
+  packages+=,dbus,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer
+  case $suite in
+    bullseye) packages+=,python3-psycopg2 ;;
+    *) packages+=,python3-psycopg ;;
+  esac
+fi
 [ -z "$extra" ] || packages+=,$extra
 
 # An older debootstrap has no script for a newer suite (Debian 12's knows no
@@ -60,6 +68,8 @@ chroot "$root" systemctl disable pgbouncer.service >/dev/null 2>&1 || true
 # it would bring another copy of the engine's /sys/fs/cgroup mounts, every
 # sandboxed start growing slower with them (300 ms of CPU instead of 70 after
 # 14 copies). A unit named apart from the batchq- units, which the role owns.
+# Bare images have it too: it is what systemd does on any host, not a package
+# a user would install.
 cat >"$root/etc/systemd/system/shared-mounts.service" <<'UNIT'
 [Unit]
 Description=Share /run's mounts with the units' namespaces, as systemd does on a host

@@ -62,3 +62,16 @@ def test_status_playbook_shows_each_consumer_and_writes_the_report(host, tmp_pat
     assert re.search(r"%s\s+steady\s+(waiting|running)\s+success\s" % name, output), output
     written = json.loads(report.read_text())
     assert sorted(written[name]) == ["drain", "resting", "steady"], written
+
+
+def test_the_first_deploy_made_the_metrics_folder_and_its_parents(host):
+    # converge was that deploy, with the role's defaults (consumer_metrics on)
+    folders = [host.file("/var/lib/prometheus"), host.file("/var/lib/prometheus/node-exporter")]
+    if "bare" in host.ansible.get_variables()["group_names"]:
+        # no package made them: the role did, root's, readable by all
+        assert not host.package("prometheus-node-exporter").is_installed
+        assert not host.exists("sudo")
+        assert [(folder.user, folder.mode) for folder in folders] == [("root", 0o755)] * 2
+    assert all(folder.is_directory for folder in folders)
+    assert host.file("/var/lib/prometheus/node-exporter/batchq-steady.prom").linked_to == \
+        "/var/lib/prometheus/node-exporter/batchq-steady.d/metrics.prom"

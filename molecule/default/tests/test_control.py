@@ -12,6 +12,7 @@ import yaml
 
 from testlib import (
     INVENTORY,
+    SCENARIO_DIR,
     assert_deployed,
     consumers,
     deploy,
@@ -29,23 +30,25 @@ _INVENTORIES = tempfile.TemporaryDirectory(prefix="batchq-control-")
 
 def inventory(name, group_vars=None):
     """The scenario's hosts in an inventory of their own, without the
-    scenario's group_vars (so no consumer_list), or with these instead."""
+    scenario's consumer variables (so no consumer_list), or with these
+    instead. How Ansible logs in to the bare host (group_vars/bare.yml) stays."""
     folder = pathlib.Path(_INVENTORIES.name) / name
     (folder / "group_vars").mkdir(parents=True, exist_ok=True)
     (folder / "hosts.yml").write_text(pathlib.Path(INVENTORY).read_text())
+    (folder / "group_vars" / "bare.yml").write_text((SCENARIO_DIR / "group_vars" / "bare.yml").read_text())
     if group_vars is not None:
         (folder / "group_vars" / "consumers.yml").write_text(yaml.safe_dump(group_vars))
     return str(folder / "hosts.yml")
 
 
-BARE = inventory("bare")
+WITHOUT_VARS = inventory("without-vars")
 # A consumer_list whose secret comes from a vault this run does not have.
 VAULTED = inventory("vaulted", {"consumer_list": [
     {"name": "long", "command": "/usr/local/bin/batchq-probe run --hold --tag v1", "start_delay": "1h",
      "secret_environment": {"TOKEN": "{{ vault_token_not_given }}"}}]})
 
 
-def control(action, *extra, inventory_file=BARE, playbook="batchq.consumers.consumer_control"):
+def control(action, *extra, inventory_file=WITHOUT_VARS, playbook="batchq.consumers.consumer_control"):
     """Run the playbook as a user would; returns (returncode, output)."""
     process = subprocess.run(["ansible-playbook", playbook, "-i", inventory_file, "-e", "consumer_action=" + action,
                               *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
@@ -168,16 +171,20 @@ def test_wait_fails_naming_the_batch_still_running(hosts, release_held_batch):
 
 
 def test_root_without_sudo_runs_both_playbooks_with_ansible_become_false(hosts):
-    for host in hosts:
+    # the bare host has no sudo to hide
+    hidden = [host for host in hosts if host.file("/usr/bin/sudo").exists]
+    for host in hidden:
         host.check_output("mv /usr/bin/sudo /usr/bin/sudo.hidden")
     try:
         # what the playbooks' become: true asks for, with sudo, fails on such a host
-        code, output = control("run", "-e", "consumer_names=merged", "-e", "ansible_become_method=sudo")
+        code, output = control("run", "-e", "consumer_names=merged", "-e", "ansible_become=true",
+                               "-e", "ansible_become_method=sudo")
         assert code != 0 and "sudo: not found" in output, output
+        assert all("fatal: [%s]" % host.backend.get_hostname() in output for host in hosts), output
         code, output = control("run", "-e", "consumer_names=merged", "-e", "ansible_become=false")
         assert code == 0 and "started now: batchq-merged.service" in output, output
         code, output = control("status", "-e", "ansible_become=false", playbook="batchq.consumers.consumer_status")
         assert code == 0 and "merged" in output, output
     finally:
-        for host in hosts:
+        for host in hidden:
             host.check_output("mv /usr/bin/sudo.hidden /usr/bin/sudo")
