@@ -15,7 +15,8 @@ version_added: 0.1.0
 description:
   - Used by the C(batchq.consumers.consumer) role before it changes a host. One call reads the
     host's systemd version, checks time spans with C(systemd-analyze timespan), looks up
-    accounts by name and checks that paths exist, where a task for each would cost a round trip.
+    accounts by name, checks that paths exist and reads whether a run's credentials reach its
+    unit, where a task for each would cost a round trip.
   - It only reads. The role decides on the controller what the answers mean.
   - Accounts are looked up by key with C(getent), never by listing a database, because directory
     services such as SSSD and LDAP answer for a name but usually do not list their users.
@@ -120,6 +121,17 @@ first_lines:
   returned: always
   type: dict
   sample: {/usr/local/bin/batchq-pgqueue: "#!/usr/bin/python3"}
+credentials_shared:
+  description:
+    - Whether the mount that holds C(/run/credentials), in systemd's own mount namespace, is shared.
+      systemd mounts a run's credentials there. Only a shared mount passes them on to a unit with a
+      mount namespace of its own (every consumer has one) that does not run as root.
+    - systemd makes every mount shared at boot on a host. A systemd container (docker, podman) keeps
+      the private mounts the engine gave it, and then a consumer that is not root cannot read its
+      credentials.
+  returned: always
+  type: bool
+  sample: true
 missing_paths:
   description: The paths of O(paths) that do not exist, in their order.
   returned: always
@@ -131,6 +143,7 @@ missing_paths:
 import fnmatch
 import hashlib
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -183,6 +196,41 @@ def first_line(path):
     return line.rstrip(b"\r\n").decode("utf-8", "backslashreplace")
 
 
+def _unescape(field):
+    """A mountinfo field as the path it names (spaces and the like come octal-escaped)."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
+
+
+def is_shared(mountinfo, path):
+    """Whether the mount that holds path is shared, by the text of a
+    /proc/PID/mountinfo. Of mounts stacked on one point the last one listed
+    is the one on top. Optional fields, such as shared:N, stand between the
+    mount options and the " - " separator (proc(5))."""
+    holder, shared = "", False
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 7 or "-" not in fields[6:]:
+            continue
+        point = _unescape(fields[4])
+        inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(holder):
+            holder = point
+            shared = any(field.startswith("shared:") for field in fields[6:fields.index("-", 6)])
+    return shared
+
+
+def read_mountinfo():
+    """systemd's mount table (PID 1's), where it mounts the credentials; this
+    process's where that cannot be read."""
+    for path in ("/proc/1/mountinfo", "/proc/self/mountinfo"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            continue
+    return ""
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -212,6 +260,7 @@ def main():
         groups=lookup(module, "group", list(dict.fromkeys(module.params["groups"]))),
         first_lines={path: first_line(path) for path in module.params["first_lines"]},
         missing_paths=[path for path in module.params["paths"] if not os.path.exists(path)],
+        credentials_shared=is_shared(read_mountinfo(), "/run/credentials"),
         units=unit_digests(module.params["unit_dir"], module.params["unit_patterns"]),
     )
 

@@ -1,12 +1,14 @@
-"""consumer_preflight's pure parts: getent's lines and the digests of unit files."""
+"""consumer_preflight's pure parts: getent's lines, the digests of unit files and the mount table."""
 
 import hashlib
+import pathlib
 
 from ansible_collections.batchq.consumers.plugins.modules import consumer_preflight
 
 # getent passwd batchq www-data nobody-here; getent group batchq (Debian 12)
 PASSWD = "batchq:x:998:998::/var/lib/batchq:/usr/sbin/nologin\nwww-data:x:33:33:www-data:/var/www:/usr/sbin/nologin\n"
 GROUP = "batchq:x:998:\n"
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 
 def test_getent_lines_give_each_found_account_its_fields():
@@ -38,3 +40,39 @@ def test_first_line_is_the_line_without_its_newline_or_none(tmp_path):
     assert len(consumer_preflight.first_line(str(tmp_path / "binary"))) == 512
     assert consumer_preflight.first_line(str(tmp_path / "empty")) == ""
     assert consumer_preflight.first_line(str(tmp_path / "missing")) is None
+
+
+# /proc/1/mountinfo of a Debian 12 container of the tests' bare image (docker,
+# /run a tmpfs of the engine's): as it boots (shared-mounts.service shares /run,
+# as systemd does on a host), then after `mount --make-private /run`.
+SHARED = (FIXTURES / "bookworm" / "mountinfo-run-shared.txt").read_text()
+PRIVATE = (FIXTURES / "bookworm" / "mountinfo-run-private.txt").read_text()
+
+
+def test_credentials_reach_units_where_the_mount_that_holds_them_is_shared():
+    assert consumer_preflight.is_shared(SHARED, "/run/credentials")
+    # each run's own credentials mount below it changes nothing
+    assert not consumer_preflight.is_shared(PRIVATE, "/run/credentials")
+    assert "/run/credentials/systemd-sysusers.service" in PRIVATE and " shared:4 " in PRIVATE
+
+
+def test_without_a_mount_of_its_own_run_is_as_shared_as_the_root():
+    without_run = "\n".join(line for line in PRIVATE.splitlines() if " /run " not in line)
+    assert not consumer_preflight.is_shared(without_run, "/run/credentials")
+    root_shared = without_run.replace(" / / rw,relatime - ", " / / rw,relatime shared:1 - ")
+    assert consumer_preflight.is_shared(root_shared, "/run/credentials")
+    # a private mount whose name only starts like the path does not hold it
+    assert consumer_preflight.is_shared(root_shared.replace("/run/lock rw", "/run/credentialsX rw"), "/run/credentials/x")
+
+
+def test_of_mounts_stacked_on_one_point_the_last_listed_is_on_top():
+    on_top = PRIVATE + "140 84 0:61 / /run rw,nosuid,nodev shared:9 - tmpfs tmpfs rw\n"
+    assert consumer_preflight.is_shared(on_top, "/run/credentials")
+    assert not consumer_preflight.is_shared(on_top + PRIVATE.splitlines()[0] + "\n" + next(
+        line for line in PRIVATE.splitlines() if " /run " in line) + "\n", "/run/credentials")
+
+
+def test_a_mount_point_with_a_space_is_read_unescaped():
+    line = "150 77 0:62 / /srv/with\\040space rw shared:7 - tmpfs tmpfs rw\n"
+    assert consumer_preflight.is_shared(PRIVATE + line, "/srv/with space/x")
+    assert not consumer_preflight.is_shared(PRIVATE + line, "/srv/with")

@@ -43,8 +43,8 @@ def test_an_older_systemd_is_refused_naming_found_and_needed():
 
 
 def test_the_drain_continuation_and_encrypted_credentials_from_250_on():
-    before, since = dict.fromkeys(("drain_continue", "credentials_encrypted"), False), dict.fromkeys(
-        ("drain_continue", "credentials_encrypted"), True)
+    before, since = dict.fromkeys(("drain_continue", "credentials_encrypted", "credentials_private_run"), False), dict(
+        dict.fromkeys(("drain_continue", "credentials_encrypted"), True), credentials_private_run=False)
     assert systemd_support(recorded("bullseye"))["features"] == before
     assert systemd_support("systemd 249 (249.11-0ubuntu3.12)\n")["features"] == before
     assert systemd_support("systemd 250 (250.3)\n")["features"] == since

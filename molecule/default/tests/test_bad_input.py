@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from testlib import deploy, host_state, scenario_vars
+from testlib import deploy, host_state, scenario_vars, systemd_version
 
 GOOD_NEW = {"name": "newcomer", "command": "/usr/local/bin/batchq-probe run"}
 
@@ -66,4 +66,31 @@ def test_bad_metrics_folder_fails_naming_it_and_changes_nothing(hosts, states_be
     assert process.returncode != 0, process.output
     for word in ("consumer_metrics_dir", folder):
         assert word in process.output, "%r not in the error:\n%s" % (word, process.output[-3000:])
+    assert [host_state(host) for host in hosts] == states_before
+
+
+def test_credentials_a_run_could_not_read_fail_naming_consumer_field_and_fix(hosts, states_before):
+    # A private /run, as docker and podman give a systemd container: systemd
+    # 257 and older mount a run's credentials where no unit sees them, root's
+    # too. The first host (Debian 11) is enough for the whole deploy to stop
+    # before any host changes.
+    private = hosts[0]
+    name = private.backend.get_hostname()
+    sealed = fresh(name="sealed", credentials={"db_password": "s3cret"})
+    as_root = fresh(name="as-root", credentials={"db_password": "s3cret"}, user="root", allow_root=True)
+    hooked = fresh(name="hooked", on_failure="/usr/local/bin/batchq-hook-record",
+                   hook_credentials={"webhook_token": "s3cret"})
+    private.check_output("mount --make-private /run")
+    try:
+        process = deploy(scenario_vars()["consumer_list"] + [sealed, as_root, hooked])
+    finally:
+        private.check_output("mount --make-shared /run")
+    assert process.returncode != 0, process.output
+    for consumer, field in (("sealed", "credentials"), ("as-root", "credentials"), ("hooked", "hook_credentials")):
+        problem = ("consumer '%s': field '%s': /run is a private mount on %s (as in a docker or podman container),"
+                   " and systemd %d cannot pass credentials to a unit through it. Make /run shared at every boot"
+                   " (mount --make-shared /run" % (consumer, field, name, systemd_version(private)))
+        assert problem in process.output, process.output[-3000:]
+    # the other hosts share /run: nothing to say of them
+    assert all("on %s (" % host.backend.get_hostname() not in process.output for host in hosts[1:]), process.output
     assert [host_state(host) for host in hosts] == states_before
