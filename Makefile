@@ -26,7 +26,7 @@ export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
 export DOCS_VENV
 
-.PHONY: test matrix demo demo-down docs lint sanity unit pgqueue rules molecule images controller-image engine collection clean
+.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue rules molecule images controller-image engine collection clean
 
 # lint and the alert rules once, while the images build; unit, sanity and
 # molecule under every supported ansible-core (tools/matrix.sh).
@@ -82,15 +82,13 @@ docs: collection $(DOCS_VENV)/.installed
 lint: collection $(DOCS_VENV)/.installed
 	yamllint --strict .
 	ansible-lint
+	antsibull-changelog lint
+	tools/changelog.sh check
 	tools/docs.sh lint
-	@for plugin in module:consumer_info module:consumer_units module:consumer_files module:consumer_deployed module:consumer_preflight role:consumer filter:consumers \
-	    filter:consumer_leftovers filter:consumer_metrics_files filter:consumer_systemd filter:consumer_python \
-	    filter:consumer_credential_files filter:consumer_stale_secrets \
-	    filter:consumer_status_table filter:consumer_status_problems; do \
-	  ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"doc"' \
-	    || ansible-doc --json -t $${plugin%%:*} batchq.consumers.$${plugin#*:} | grep -q '"entry_points"' \
-	    || { echo "ansible-doc does not render $$plugin" >&2; exit 1; }; \
-	done; echo "ansible-doc renders every plugin and the role"
+
+# CHANGELOG.rst and changelogs/changelog.yaml from the fragments (tools/changelog.sh).
+changelog: $(VENV)/.installed
+	tools/changelog.sh update
 
 sanity: $(VENV)/.installed
 	tools/sanity.sh

@@ -30,42 +30,9 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec imp
 
 __metaclass__ = type
 
-DOCUMENTATION = r"""
-name: consumers
-short_description: Validate and normalise consumer definitions
-version_added: 0.1.0
-description:
-  - Lays O(defaults) and the built-in defaults under every consumer, checks every field and
-    returns what the unit templates of the C(batchq.consumers.consumer) role need.
-  - Fails with a message that names the consumer and the field at the first bad value.
-options:
-  _input:
-    description: The consumers, as in the role's C(consumer_list).
-    type: list
-    elements: dict
-    required: true
-  defaults:
-    description: Values laid under every consumer, as in C(consumer_defaults).
-    type: dict
-    default: {}
-  prefix:
-    description: Prefix of the unit names.
-    type: str
-    default: batchq-
-"""
-
-EXAMPLES = r"""
-- name: Validate the consumers
-  ansible.builtin.set_fact:
-    normalized: "{{ consumer_list | batchq.consumers.consumers(consumer_defaults, 'batchq-') }}"
-"""
-
-RETURN = r"""
-_value:
-  description: One dict a consumer with unit names, the quoted C(ExecStart=) line and the settings.
-  type: list
-  elements: dict
-"""
+# Each filter's documentation is the .yml file of its name beside this one
+# (consumers.yml, consumer_systemd.yml, ...), as ansible-core documents the
+# filters of one Python file: a DOCUMENTATION here would hide them all.
 
 
 # What the role's vars/main.yml takes from consumer_names, so that each is
