@@ -26,7 +26,7 @@ export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
 export DOCS_VENV
 
-.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue rules molecule images controller-image engine collection clean
+.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue rules molecule images controller-image engine collection docs-collection clean
 
 # lint and the alert rules once, while the images build; unit, sanity and
 # molecule under every supported ansible-core (tools/matrix.sh).
@@ -68,15 +68,25 @@ images: engine
 controller-image: engine
 	tools/build-image.sh trixie $(CONTROLLER_IMAGE) python3-venv,docker-cli,make,git,shellcheck,ca-certificates
 
-collection: $(VENV)/.installed
+# Builds the tarball and installs it below CACHE, with the ansible-galaxy given.
+define build_collection
 	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq $(ANSIBLE_HOME)/collections
-	ansible-galaxy collection build --force --output-path $(CACHE)/build . >/dev/null
+	$(1) collection build --force --output-path $(CACHE)/build . >/dev/null
 	@! tar -tzf $(TARBALL) | grep -E '^(molecule|tests|tools|requirements|\.ci|\.cache)/' || { echo "test files in the tarball" >&2; exit 1; }
-	ansible-galaxy collection install --force -p $(CACHE)/collections $(TARBALL) >/dev/null
+	$(1) collection install --force -p $(CACHE)/collections $(TARBALL) >/dev/null
 	@echo "installed $(TARBALL)"
+endef
+
+collection: $(VENV)/.installed
+	$(call build_collection,ansible-galaxy)
+
+# The same tarball for the docs alone, built with the docs venv's ansible-core
+# (requirements/docs.txt): make docs never installs the test venv.
+docs-collection: $(DOCS_VENV)/.installed
+	$(call build_collection,$(DOCS_VENV)/bin/ansible-galaxy)
 
 # The docs site in .cache/docs/html, from the installed tarball (tools/docs.sh).
-docs: collection $(DOCS_VENV)/.installed
+docs: docs-collection
 	tools/docs.sh build
 
 lint: collection $(DOCS_VENV)/.installed

@@ -8,8 +8,9 @@
 # BATCHQ_HOST_PREFIX (container names, default batchq), BENCH_PLOT_DIR (below).
 #
 # The table is also drawn (benchmarks/plot.py, matplotlib of the docs venv,
-# which `make` installs) as BENCH_PLOT_DIR/fleet-batchLIMIT.png, throughput
-# against instances; BENCH_PLOT_DIR defaults to docs/docsite/rst/images, the
+# which `make` installs) as BENCH_PLOT_DIR/fleet-batchLIMIT.png: throughput
+# against instances, and each setup's share of the daemons with the target of
+# 0.9; BENCH_PLOT_DIR defaults to docs/docsite/rst/images, the
 # performance guide's pictures, and an empty BENCH_PLOT_DIR draws nothing.
 #
 # Hosts: one PostgreSQL host (Debian's postgresql, examples/postgresql_queue/

@@ -3,7 +3,11 @@
 Usage: plot.py fleet|drain TABLE.md OUT.png [TITLE]
   fleet: a table whose first column is the number of instances and whose other
          columns named "... jobs/s" or "with preload" hold jobs/s: one line each,
-         throughput against instances (ratio columns are left out).
+         throughput against instances; the columns named "... / daemons" in a
+         second panel, the ratio against instances, with the target of 0.9 as a
+         dashed line. A cell "median (min-max)" draws its range as an error bar;
+         a cell with one number (the tables of benchmarks/figures/ hold medians
+         only) draws the point alone.
   drain: a table whose first column names the Debian release, whose second is
          the batch size B and whose other columns hold ms a batch costs beyond
          its work, "median (min-max)": cost per batch against B, a line per
@@ -42,18 +46,45 @@ def numbers(cell):
     return [float(value) for value in NUMBER.findall(plain(cell).replace("–", " "))]
 
 
+# The share of the daemons' throughput the consumers aim at (the performance guide).
+TARGET_RATIO = 0.9
+
+
+def point(x, cell):
+    """(x, median, low, high) of a cell "median (min-max)", or of one number (no spread)."""
+    values = numbers(cell)
+    low, high = (values[1], values[2]) if len(values) >= 3 else (values[0], values[0])
+    return (x, values[0], low, high)
+
+
 def fleet_series(text):
-    """{label: [(instances, jobs/s)]} of a fleet table."""
+    """({label: [(instances, jobs/s, low, high)]}, {label: [(instances, ratio, low, high)]}) of a fleet table."""
     header, rows = table(text)
-    columns = [i for i, name in enumerate(header)
-               if i and "/" not in plain(name).replace("jobs/s", "") and
-               ("jobs/s" in name or "preload" in name)]
-    series = {}
-    for i in columns:
-        label = plain(header[i]).replace(" jobs/s", "")
-        label = "consumers " + label if label.startswith("with ") else label
-        series[label] = [(numbers(row[0])[0], numbers(row[i])[0]) for row in rows if row[i].strip()]
-    return series
+    throughput, ratios = {}, {}
+    for i, name in enumerate(header):
+        name = plain(name)
+        if not i:
+            continue
+        if name.endswith("/ daemons"):
+            target, label = ratios, name.replace(" / daemons", "").replace("with ", "consumers with ")
+        elif "/" not in name.replace("jobs/s", "") and ("jobs/s" in name or "preload" in name):
+            target, label = throughput, name.replace(" jobs/s", "")
+            label = "consumers " + label if label.startswith("with ") else label
+        else:
+            continue
+        target[label] = [point(numbers(row[0])[0], row[i]) for row in rows if row[i].strip()]
+    return throughput, ratios
+
+
+def draw_points(axes, points, **style):
+    """A line through the medians, with each point's range as an error bar where it has one."""
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    errors = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
+    if any(e for side in errors for e in side):
+        axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, **style)
+    else:
+        axes.plot(xs, ys, marker="o", **style)
 
 
 def drain_series(text):
@@ -64,12 +95,9 @@ def drain_series(text):
         release = plain(row[0])
         batch = numbers(row[1])[0]
         for i in range(2, len(header)):
-            values = numbers(row[i])
-            if not values:
+            if not numbers(row[i]):
                 continue
-            median = values[0]
-            low, high = (values[1], values[2]) if len(values) >= 3 else (median, median)
-            panels.setdefault(release, {}).setdefault(plain(header[i]), []).append((batch, median, low, high))
+            panels.setdefault(release, {}).setdefault(plain(header[i]), []).append(point(batch, row[i]))
     return panels
 
 
@@ -79,24 +107,39 @@ def draw(kind, text, out, title=None):
     from matplotlib import pyplot
 
     if kind == "fleet":
-        figure, axes = pyplot.subplots(figsize=(6, 3.6), dpi=100)
-        for label, points in fleet_series(text).items():
-            axes.plot([x for x, _y in points], [y for _x, y in points], marker="o", label=label)
+        throughput, ratios = fleet_series(text)
+        figure, all_axes = pyplot.subplots(1, 2, figsize=(10, 4), dpi=100, squeeze=False)
+        axes, ratio_axes = all_axes[0]
+        colours = {}
+        for label, points in throughput.items():
+            draw_points(axes, points, label=label)
+            colours[label] = axes.get_lines()[-1].get_color()
         axes.set_xlabel("instances")
         axes.set_ylabel("jobs/s")
         axes.set_ylim(bottom=0)
+        axes.set_title("throughput", fontsize="medium")
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="small")
+        # a ratio takes the colour of the consumers' line it divides
+        for label, points in ratios.items():
+            draw_points(ratio_axes, points, label=label + " / daemons", color=colours.get(label))
+        ratio_axes.axhline(TARGET_RATIO, color="black", linestyle="--", linewidth=1,
+                           label="target %.1f" % TARGET_RATIO)
+        ratio_axes.set_xlabel("instances")
+        ratio_axes.set_ylabel("consumers' jobs/s ÷ daemons'")
+        ratio_axes.set_ylim(0, 1.05)
+        spread = any(p[2] != p[3] for points in list(throughput.values()) + list(ratios.values()) for p in points)
+        ratio_axes.set_title("consumers / daemons" + ("" if spread else " (medians, no range given)"),
+                             fontsize="medium")
+        ratio_axes.grid(True, alpha=0.3)
+        ratio_axes.legend(fontsize="small", loc="lower left")
     else:
         panels = drain_series(text)
         figure, all_axes = pyplot.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.6, 4), dpi=100,
                                            sharey=True, squeeze=False)
         for axes, (release, series) in zip(all_axes[0], panels.items()):
             for label, points in series.items():
-                xs = [p[0] for p in points]
-                ys = [p[1] for p in points]
-                errors = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
-                axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=label)
+                draw_points(axes, points, label=label)
             axes.set_xscale("log")
             axes.set_xticks(sorted({p[0] for s in series.values() for p in s}))
             axes.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
