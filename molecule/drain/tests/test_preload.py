@@ -209,3 +209,31 @@ def test_a_stop_asked_during_the_preload_starts_no_batch(host):
     # a success that leaves work waiting, as any drain stopped between batches, long before the import ended
     assert ended == {"Result": "success", "ExecMainStatus": "75"}, (ended, journal(host, name))
     assert found == {}, "a batch started after the stop"
+
+
+def signal_batches(host, name):
+    """Run a signals.py consumer once (three batches); what each batch found, in order, and how the run ended."""
+    unit = UNIT % name
+    wait_for(lambda: show(host, unit, "ActiveState")["ActiveState"] in ("inactive", "failed"), 30, "%s to be idle" % name)
+    host.check_output("rm -f /var/lib/batchq/%s/batches.jsonl", name)
+    host.run("systemctl start %s", unit)
+    ended = show(host, unit, "Result")
+    out = host.run("cat /var/lib/batchq/%s/batches.jsonl 2>/dev/null || true", name).stdout
+    return [json.loads(line) for line in out.splitlines()], ended
+
+
+def test_a_preloaded_batch_has_the_signals_and_random_state_of_one_without_preload(host):
+    plain, plain_ended = signal_batches(host, "plain-signals")
+    preloaded, ended = signal_batches(host, "preload-signals")
+    context = journal(host, "preload-signals") + journal(host, "plain-signals")
+    assert plain_ended["Result"] == ended["Result"] == "success", (plain_ended, ended, context)
+    assert [b["batch"] for b in plain] == [b["batch"] for b in preloaded] == [1, 2, 3], (plain, preloaded, context)
+    # graceful.py's set-up, which the comparison below must find
+    assert plain[0]["handlers"]["SIGTERM"] == "graceful" and "SIGALRM" in plain[0]["mask"], plain
+    for alone, forked in zip(plain, preloaded):
+        # forks of the runner, with what `python3 SCRIPT` has after the import, none of the runner's own
+        assert forked["preloaded"] and not alone["preloaded"], (alone, forked)
+        assert (forked["handlers"], forked["mask"]) == (alone["handlers"], alone["mask"]), (plain, preloaded)
+    # the module's own generator, made once in the runner, draws anew in each batch; and random's global one
+    for generator in ("own", "global"):
+        assert len({b[generator] for b in preloaded}) == 3, (generator, preloaded)

@@ -400,11 +400,11 @@ def test_a_batch_stopped_by_systemd_commits_and_succeeds():
     batch = wait_for(lambda: in_flight(name), 60, "a batch in flight on %s" % name, interval=0.1)[0]
     host(name).check_output("systemctl stop %s", unit)
     state = show(host(name), unit, "Result", "ActiveState")
-    # the runner ends with the backlog_exit_code (75) the batch said: a success
-    # (SuccessExitStatus=), and no hand-over while the timer is stopped. systemd
-    # keeps no exit status of a main process that ends during a stop with one
-    # of its success statuses (ExecMainCode=0, no "Main process exited" line, seen
-    # on 247 and 252); tests/pgqueue checks the runner's 75 itself.
+    # the batch said more work waits (75), and the runner, stopped, exits 0: a
+    # success that nothing continues. systemd keeps no exit status of a main
+    # process that ends during a stop with a success status (ExecMainCode=0, no
+    # "Main process exited" line, seen on 247 and 252); tests/pgqueue checks
+    # the runner's 0 itself.
     assert state == {"Result": "success", "ActiveState": "inactive"}, state
     # the run's batches, the last of them cut short
     run = batch["batch"].rsplit("#", 1)[0] + "#"
