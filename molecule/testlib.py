@@ -126,6 +126,8 @@ def timestamp_of(iso_text):
 
 # systemd's "Main process exited" (consumer_runs.PROCESS_EXITED)
 PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
+# systemd's "Starting UNIT..." (SD_MESSAGE_UNIT_STARTING)
+UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
 
 
 def exits(host, unit):
@@ -234,14 +236,28 @@ def redeploy_during_a_held_batch(hosts):
     assert_deployed(deploy())  # back to v1 for the tests that follow
 
 
+def _manager_time(entry):
+    """When systemd wrote a journal entry, by its own clock (journald may read it later)."""
+    return int(entry.get("_SOURCE_REALTIME_TIMESTAMP", entry["__REALTIME_TIMESTAMP"])) / 1e6
+
+
 def scheduled_starts(host, timer):
     """When the role scheduled the start of timer (its transient starter was
     started), seconds since the epoch, oldest first."""
     starter = timer[:-len(".timer")].replace("@", ".") + ".start.timer"
-    out = host.check_output("journalctl --no-pager -o json --output-fields=JOB_TYPE,JOB_RESULT UNIT=%s", starter)
+    out = host.check_output("journalctl --no-pager -o json --output-fields=JOB_TYPE,JOB_RESULT,_SOURCE_REALTIME_TIMESTAMP "
+                            "UNIT=%s", starter)
     entries = [json.loads(line) for line in out.splitlines() if line.strip()]
-    return [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in entries
-            if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done"]
+    return [_manager_time(e) for e in entries if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done"]
+
+
+def activations(host, unit):
+    """When systemd began each start of unit ("Starting ..."), seconds since
+    the epoch, oldest first: the moment its timer fired, before the
+    process starts, which takes seconds more on a loaded machine."""
+    out = host.check_output("journalctl --no-pager -o json --output-fields=_SOURCE_REALTIME_TIMESTAMP "
+                            "UNIT=%s MESSAGE_ID=%s", unit, UNIT_STARTING)
+    return [_manager_time(json.loads(line)) for line in out.splitlines() if line.strip()]
 
 
 def memory_kill_result(host):
