@@ -118,22 +118,8 @@ def test_a_crashed_batch_dumps_its_own_core_and_the_runner_none(tmp_path, preloa
 
 
 # A module that a consumer preloads, which sets signals up at import as a graceful shutdown does, and
-# keeps random generators of its own.
-GRACEFUL = """import random
-import signal
-import sys
-
-
-def graceful(signum, frame):
-    sys.exit(75)
-
-
-signal.signal(signal.SIGTERM, graceful)
-signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGUSR2})
-OWN = random.Random()
-SYSTEM = random.SystemRandom()
-"""
+# keeps random generators of its own: the one the drain scenario preloads.
+GRACEFUL = (RUNNER.parents[3] / "molecule" / "drain" / "files" / "preloaded" / "graceful.py").read_text()
 # The consumer: each batch records what it found, and exits 75 twice, then 0.
 REPORT = """import json, os, random, signal, sys
 import graceful
