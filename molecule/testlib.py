@@ -38,6 +38,17 @@ def all_hosts():
     return testinfra.get_hosts(["ansible://all"], ansible_inventory=INVENTORY)
 
 
+# The consumers whose timers the running test module WATCHES, and since when
+# they run (conftest.py stops the others').
+WATCHED = {"names": None, "since": 0.0}
+
+
+def watched_since():
+    """When the consumers the test module watches began to run: their records
+    before it may have gaps of minutes, while other modules ran."""
+    return WATCHED["since"]
+
+
 def wait_for(condition, timeout, what, interval=0.5):
     """The first truthy value of condition(), or fail after timeout seconds."""
     deadline = time.monotonic() + timeout
@@ -234,6 +245,26 @@ def redeploy_during_a_held_batch(hosts):
     start_held_batch(hosts, "v2")
     release_batch(hosts, "v2")
     assert_deployed(deploy())  # back to v1 for the tests that follow
+
+
+def restart(host):
+    """Restart the host's container; returns when its new systemd started, by
+    systemd's clock. Not when the boot finished: systemd counts a boot finished
+    only once no job is queued, and a timer's batches queue a job each, so a
+    host full of short batches on a loaded machine stayed "starting" for over
+    240 s. The new manager answering is what the tests need."""
+    name = host.backend.get_hostname()
+    restarted_at = time.time()
+    subprocess.run(["docker", "restart", name], check=True, stdout=subprocess.DEVNULL, timeout=120)
+
+    def booted():
+        try:
+            started = timestamp(show(host, None, "UserspaceTimestamp")["UserspaceTimestamp"])
+        except (AssertionError, RuntimeError, ValueError):  # the container is still restarting
+            return None
+        return started > restarted_at and started
+
+    return wait_for(booted, 120, "the systemd of %s to start again" % name)
 
 
 def _manager_time(entry):
