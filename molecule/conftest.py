@@ -1,8 +1,10 @@
 """Makes molecule/testlib.py importable from every scenario's tests."""
 
+import time
+
 import pytest
 
-from testlib import FIGURES, all_hosts, release_held
+from testlib import FIGURES, WATCHED, all_hosts, release_held, scenario_vars
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +16,29 @@ def hosts():
 def release_held_batch(hosts):
     yield
     release_held(hosts)
+
+
+@pytest.fixture(autouse=True)
+def only_the_watched_consumers_run(request):
+    """A run of a test consumer costs the machine about 0.2 CPU-s: its sandbox,
+    its Python program and the metrics writer. Ten of them every 2 s on three
+    hosts kept the 2 cores busy on their own, and every timing test ran late.
+    A test module that names the consumers it WATCHES runs only their timers;
+    the others are stopped, still enabled, so a reboot starts them all again."""
+    watched = getattr(request.module, "WATCHES", None)
+    if watched is None:
+        return
+    enabled = [c["name"] for c in scenario_vars()["consumer_list"] if c.get("state", "enabled") == "enabled"]
+    unknown = set(watched) - set(enabled)
+    assert not unknown, "WATCHES names consumers the scenario does not run: %s" % sorted(unknown)
+    stop = ["batchq-%s.timer" % name for name in enabled if name not in watched]
+    start = ["batchq-%s.timer" % name for name in watched]
+    # every test, not once a module: a deploy starts every enabled timer again
+    for host in request.getfixturevalue("hosts"):
+        host.check_output(" && ".join(
+            "systemctl %s %s" % (verb, " ".join(units)) for verb, units in (("stop", stop), ("start", start)) if units))
+    if WATCHED["names"] != sorted(watched):
+        WATCHED.update(names=sorted(watched), since=time.time())
 
 
 def pytest_terminal_summary(terminalreporter):

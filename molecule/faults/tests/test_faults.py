@@ -3,7 +3,10 @@ fork bombs, each beside a healthy consumer, judged from the consumers' own
 records and systemd's. Figures are printed as FIGURE lines."""
 
 from testlib import (consumer_spec, exits, figure, finished, journal, memory_kill_result, runs, scenario_vars,
-                     timestamp_of, wait_for)
+                     timestamp_of, wait_for, watched_since)
+
+# The consumers whose timers run during these tests (conftest.py): the others wait.
+WATCHES = ("healthy", "crasher", "hang", "stubborn", "leak", "exit3", "forker")
 
 WINDOW = 60.0  # seconds of crash storm compared with a healthy consumer
 
@@ -37,8 +40,11 @@ def kill_delays(host, name, history):
 
 
 def test_crash_storm_is_started_as_often_as_a_healthy_consumer(host):
+    since = watched_since()
+
     def window():
-        crashes, healthy = starts(host, "crasher"), starts(host, "healthy")
+        # from when both run for this module: not across the pause before it
+        crashes, healthy = ([t for t in starts(host, name) if t > since] for name in ("crasher", "healthy"))
         begin = max(crashes[0], healthy[0]) if crashes and healthy else None
         return begin is not None and min(crashes[-1], healthy[-1]) >= begin + WINDOW and begin
 
@@ -55,9 +61,11 @@ def test_crash_storm_is_started_as_often_as_a_healthy_consumer(host):
 
 def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
     timeout, interval = seconds("hang", "timeout"), seconds("hang", "interval")
-    wait_for(lambda: len(runs(host, "hang")) >= 4, 60, "four starts of hang")
+    since = watched_since()
+    wait_for(lambda: len([r for r in runs(host, "hang") if r["start"] > since]) >= 4, 60, "four starts of hang")
     report = consumer_info(host, "hang")
-    history = list(reversed(report["history"]))
+    # the runs since hang's timer runs for this module: not the pause before it
+    history = [r for r in reversed(report["history"]) if timestamp_of(r["started"] or r["finished"]) > since]
     assert len(history) >= 3 and all(r["result"] == "timeout" for r in history), report
     kill_times = kill_delays(host, "hang", history)
     # from the manager's own stamps: its start of the run, its record of the exit

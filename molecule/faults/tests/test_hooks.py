@@ -9,6 +9,9 @@ import time
 
 from testlib import consumer_series, consumer_spec, exits, finished, journal, runs, scrape, wait_for
 
+# The consumers whose timers run during these tests (conftest.py): the others wait.
+WATCHES = ("healthy", "crasher", "hang", "exit3", "flaky", "needs-env")
+
 RECORD = "/var/log/batchq-hooks.jsonl"
 # "the first failure after a success notifies within a few seconds": well
 # under one on a quiet host; 5-6 s seen with a load average of 45 on 2 cores

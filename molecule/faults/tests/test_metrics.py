@@ -6,6 +6,9 @@ import time
 
 from testlib import consumer_series, finished, journal, runs, scenario_vars, scrape, wait_for
 
+# The consumers whose timers run during these tests (conftest.py): the others wait.
+WATCHES = ("healthy", "crasher", "hang", "exit3")
+
 
 def counted(total):
     """The results counted at least once; the others a rule may watch are there at 0."""

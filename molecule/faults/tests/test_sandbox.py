@@ -6,6 +6,9 @@ import re
 
 from testlib import consumer_spec, consumers, deploy, figure, finished, runs, wait_for
 
+# The consumers whose timers run during these tests (conftest.py): the others wait.
+WATCHES = ("typical",)
+
 SANDBOXED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit", "dormant", "long"]
 
 
