@@ -238,3 +238,44 @@ def test_a_module_that_takes_the_runners_signals_leaves_it_its_hand_over_and_tim
     finally:
         process.kill()
     assert started.exists()
+
+
+# A consumer whose second batch upgrades the preloaded module (a new file, no deploy) once the runner's look at its
+# code is due (once a second); each batch records the module's version it has.
+UPGRADES = """import os, sys, time
+import mod
+
+number = int(os.environ["BATCHQ_BATCH"])
+with open(sys.argv[1], "a", encoding="utf-8") as log:
+    log.write("%d %d\\n" % (number, mod.VERSION))
+if number == 2:
+    time.sleep(1.2)
+    with open(mod.__file__, "a", encoding="utf-8") as module:
+        module.write("VERSION = 2\\n")
+sys.exit(75 if number < 4 else 0)
+"""
+
+
+def test_a_preloading_runner_goes_on_under_the_new_code_once_a_preloaded_file_changed(tmp_path):
+    write(tmp_path, "mod.py", "VERSION = 1\n")
+    script, log = write(tmp_path, "upgrades.py", UPGRADES), tmp_path / "batches"
+    process = runner(tmp_path, ["--preload", "mod", "75", "30000000", "1000000", "--", script, str(log)])
+    try:
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+    # the runner imported the module afresh after batch 2, and its batch numbers went on
+    assert log.read_text().split("\n") == ["1 1", "2 1", "3 2", "4 2", ""]
+
+
+@pytest.mark.parametrize("module", ["import socket\nCONNECTION = socket.socket()\n", "raise ImportError('no')\n"])
+def test_a_preload_that_a_fork_would_break_or_that_fails_runs_no_batch(tmp_path, module):
+    write(tmp_path, "mod.py", module)
+    script, log = write(tmp_path, "upgrades.py", UPGRADES), tmp_path / "batches"
+    process = runner(tmp_path, ["--preload", "mod", "75", "30000000", "1000000", "--", script, str(log)],
+                     stderr=subprocess.DEVNULL)
+    try:
+        assert process.wait(timeout=60) == 1
+    finally:
+        process.kill()
+    assert not log.exists()
