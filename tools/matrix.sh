@@ -3,9 +3,9 @@
 # unit tests and ansible-test sanity under the oldest and the newest
 # ansible-core; the PostgreSQL example's tests (tests/pgqueue) once; every
 # scenario on all its hosts (Debian 11, 12, 13, and testing in `default`)
-# under the newest; `default` under the oldest on Debian 11, and the short
-# `compat` scenario under each other release on one host, a different Debian
-# for each, inside that release's target Pythons (the support guide). Two
+# under the newest; and the short `compat` scenario under each other release
+# on one host, a different Debian for each, inside that release's target
+# Pythons (the support guide). Two
 # lanes run side by side, each part after part, about half the minutes in each.
 # It builds the images first (`make images controller-image`), and with
 # MATRIX_LINT=1 (`make test`) runs `make lint` meanwhile and `make rules` after.
@@ -28,7 +28,7 @@ second=(
   "$oldest unit sanity"
   "$newest unit sanity"
   "$oldest pgqueue"
-  "$oldest molecule SCENARIOS=default PLATFORM=debian11"
+  "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
   "$newest molecule SCENARIOS=info"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
   "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
