@@ -249,10 +249,10 @@ def redeploy_during_a_held_batch(hosts):
 
 def restart(host):
     """Restart the host's container; returns when its new systemd started, by
-    systemd's clock. Not when the boot finished: systemd counts a boot finished
-    only once no job is queued, and a timer's batches queue a job each, so a
-    host full of short batches on a loaded machine stayed "starting" for over
-    240 s. The new manager answering is what the tests need."""
+    systemd's clock. Not when the boot finished: on a loaded CI machine a host
+    full of short batches stayed "starting" for over 240 s (likely because
+    systemd counts a boot finished only once no job is queued, and each batch
+    is a job). The new manager answering is what the tests need."""
     name = host.backend.get_hostname()
     restarted_at = time.time()
     subprocess.run(["docker", "restart", name], check=True, stdout=subprocess.DEVNULL, timeout=120)
