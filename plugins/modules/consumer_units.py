@@ -379,17 +379,37 @@ def schedule_start(module, timer, delay, accuracy, jitter):
         "--", systemctl, "start", "--no-block", timer], check_rc=True)
 
 
+def stop_starters(module, starters):
+    """Stop the scheduled starts of timers (a timer stopped before its service
+    runs, or the service that is running). A starter ends and is unloaded
+    (--collect) on its own, maybe between the check that it is active and the
+    stop: systemctl then fails with "not loaded". Only one still active is an error."""
+    if not starters:
+        return
+    rc, out, err = module.run_command([module.get_bin_path("systemctl", required=True), "stop", "--"] + starters,
+                                      environ_update=LANG_C)
+    if rc != 0:
+        left = [unit for unit, (_, state) in unit_states(module, starters).items() if state in ("active", "activating")]
+        if left:
+            module.fail_json(msg="Failed to stop %s: %s" % (" ".join(left), err.strip()), rc=rc, stderr=err)
+
+
 def switch_timers(module, start, stop):
     systemctl = module.get_bin_path("systemctl", required=True)
     timers = [entry["timer"] for entry in start] + stop
-    states = unit_states(module, timers + [starter_unit(timer) for timer in timers])
+    # a starter is a timer and the service that it runs (systemctl start TIMER)
+    starters = {timer: [starter_unit(timer), starter_unit(timer)[:-len(".timer")] + ".service"] for timer in timers}
+    states = unit_states(module, timers + [unit for pair in starters.values() for unit in pair])
 
     def active(unit):
         return states.get(unit, ("", ""))[1] in ("active", "activating")
 
     to_enable = [e["timer"] for e in start if states.get(e["timer"], ("", ""))[0] != "enabled"]
-    to_schedule = [e for e in start if not active(e["timer"]) and not active(starter_unit(e["timer"]))]
-    to_stop = [t for t in stop if states.get(t, ("", ""))[0] == "enabled" or active(t) or active(starter_unit(t))]
+    def scheduled(timer):
+        return any(active(unit) for unit in starters[timer])
+
+    to_schedule = [e for e in start if not active(e["timer"]) and not scheduled(e["timer"])]
+    to_stop = [t for t in stop if states.get(t, ("", ""))[0] == "enabled" or active(t) or scheduled(t)]
     if not module.check_mode:
         # Enabling reloads systemd; schedule the starts after it.
         if to_enable:
@@ -397,9 +417,7 @@ def switch_timers(module, start, stop):
         for entry in to_schedule:
             schedule_start(module, entry["timer"], entry["delay"], entry["accuracy"], entry["jitter"])
         if to_stop:
-            starters = [starter_unit(t) for t in to_stop if active(starter_unit(t))]
-            if starters:
-                module.run_command([systemctl, "stop", "--"] + starters, check_rc=True)
+            stop_starters(module, [unit for t in to_stop for unit in starters[t] if active(unit)])
             module.run_command([systemctl, "disable", "--now", "--"] + to_stop, check_rc=True)
     started = sorted(set(to_enable) | {e["timer"] for e in to_schedule})
     return started, to_stop, [timer[:-len(".timer")] + ".service" for timer in to_stop]

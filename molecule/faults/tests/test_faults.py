@@ -9,6 +9,11 @@ from testlib import (consumer_spec, exits, figure, finished, journal, memory_kil
 WATCHES = ("healthy", "crasher", "hang", "stubborn", "leak", "exit3", "forker")
 
 WINDOW = 60.0  # seconds of crash storm compared with a healthy consumer
+# The manager arms a run's timeout, spawns its first process, and only then
+# logs the run's start. On a loaded host the spawn (systemd-executor since 255)
+# can take most of a second, so a run seems to end up to that much before
+# its timeout, counted from the logged start.
+START_LOGGED_LATE = 1.0
 
 
 def consumer_info(host, name, history=20):
@@ -69,10 +74,10 @@ def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
     assert len(history) >= 3 and all(r["result"] == "timeout" for r in history), report
     kill_times = kill_delays(host, "hang", history)
     # from the manager's own stamps: its start of the run, its record of the exit
-    assert len(kill_times) >= 2 and all(timeout - 0.3 <= t <= timeout + 2.5 for t in kill_times), (
+    assert len(kill_times) >= 2 and all(timeout - START_LOGGED_LATE <= t <= timeout + 2.5 for t in kill_times), (
         kill_times, journal(host, "hang"))
     # a run ends after its ExecStopPost= writer: never before its timeout
-    assert all(r["duration_s"] >= timeout - 0.3 for r in history), report
+    assert all(r["duration_s"] >= timeout - START_LOGGED_LATE for r in history), report
     # by the manager's stamps: the probe of a run may not get to record its start
     # within a timeout of 3 s on a loaded machine, and the next record would be a run later
     starts = [timestamp_of(r["started"]) for r in history if r["started"]]
@@ -103,7 +108,7 @@ def test_a_batch_that_ignores_sigterm_is_killed_stop_timeout_after_its_timeout(h
     # well after the timeout alone (2 s), and far from systemd's default stop
     # timeout (90 s): the run's start is the manager's record of it, which may
     # come a little after the timeout began to count; a loaded manager kills late
-    assert len(kill_times) >= 2 and all(expected - 1.0 <= t <= expected + 4.0 for t in kill_times), (
+    assert len(kill_times) >= 2 and all(expected - START_LOGGED_LATE <= t <= expected + 4.0 for t in kill_times), (
         sorted(kill_times), journal(host, "stubborn"))
     figure("%s SIGTERM ignored: SIGKILL after %.2f-%.2fs (timeout %gs + stop_timeout %gs)" % (
         host.backend.get_hostname(), min(kill_times), max(kill_times), timeout, stop_timeout))
