@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from testlib import FIGURES, WATCHED, all_hosts, release_held, scenario_vars
+from testlib import FIGURES, PREFIX, WATCHED, all_hosts, release_held, scenario_vars, span_seconds, timers_of
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +23,24 @@ def only_the_watched_consumers_run(request):
     """A run of a test consumer costs the machine about 0.2 CPU-s: its sandbox,
     its Python program and the metrics writer. Ten of them every 2 s on three
     hosts kept the 2 cores busy on their own, and every timing test ran late.
-    A test module that names the consumers it WATCHES runs only their timers;
-    the others are stopped, still enabled, so a reboot starts them all again."""
+    A test module that names the consumers it WATCHES runs only their timers
+    among those that fire during the tests (an interval under a minute); the
+    others are stopped, still enabled, so a reboot or a deploy starts them all
+    again. Consumers with a longer interval are the tests' to start."""
     watched = getattr(request.module, "WATCHES", None)
     if watched is None:
         return
-    enabled = [c["name"] for c in scenario_vars()["consumer_list"] if c.get("state", "enabled") == "enabled"]
-    unknown = set(watched) - set(enabled)
+    enabled = [c for c in scenario_vars()["consumer_list"] if c.get("state", "enabled") == "enabled"]
+    unknown = set(watched) - {c["name"] for c in enabled}
     assert not unknown, "WATCHES names consumers the scenario does not run: %s" % sorted(unknown)
-    stop = ["batchq-%s.timer" % name for name in enabled if name not in watched]
-    start = ["batchq-%s.timer" % name for name in watched]
+    defaults = scenario_vars().get("consumer_defaults", {})
+    busy = [c for c in enabled if span_seconds(c.get("interval", defaults.get("interval", "1h"))) < 60]
+    resting = [c for c in busy if c["name"] not in watched]
+    # a deploy's scheduled start of a timer first (a glob names only loaded
+    # units, and none is no error), then the timers
+    starters = ["'%s%s.*start.timer'" % (PREFIX, c["name"]) for c in resting]
+    stop = starters + [timer for c in resting for timer in timers_of(c)]
+    start = [timer for c in busy if c["name"] in watched for timer in timers_of(c)]
     # every test, not once a module: a deploy starts every enabled timer again
     for host in request.getfixturevalue("hosts"):
         host.check_output(" && ".join(

@@ -43,6 +43,24 @@ def all_hosts():
 WATCHED = {"names": None, "since": 0.0}
 
 
+SPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def span_seconds(span):
+    """A systemd time span of the scenarios in seconds: "1s", "100ms", "2min 30s", "1h"."""
+    parts = re.findall(r"([0-9.]+)\s*([a-z]*)", str(span))
+    assert parts, "not a time span: %r" % (span,)
+    return sum(float(number) * SPAN_UNITS[unit or "s"] for number, unit in parts)
+
+
+def timers_of(consumer):
+    """The timer units of a consumer of the scenario: one per instance."""
+    instances = int(consumer.get("instances", 1))
+    if instances > 1:
+        return ["%s%s@%d.timer" % (PREFIX, consumer["name"], i) for i in range(1, instances + 1)]
+    return ["%s%s.timer" % (PREFIX, consumer["name"])]
+
+
 def watched_since():
     """When the consumers the test module watches began to run: their records
     before it may have gaps of minutes, while other modules ran."""

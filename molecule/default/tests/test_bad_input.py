@@ -7,6 +7,9 @@ import pytest
 
 from testlib import deploy, host_state, scenario_vars, systemd_version
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 GOOD_NEW = {"name": "newcomer", "command": "/usr/local/bin/batchq-probe run"}
 
 

@@ -24,6 +24,9 @@ from testlib import (
     wait_for,
 )
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 PAUSED_FILE = "/var/lib/prometheus/node-exporter/batchq-%s.paused.prom"
 _INVENTORIES = tempfile.TemporaryDirectory(prefix="batchq-control-")
 

@@ -15,6 +15,9 @@ import pytest
 
 from testlib import PREFIX, assert_deployed, consumers, deploy, journal, show, systemd_version, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 # systemd's syntax in it (%, $, quotes, a trailing backslash) and several lines: a file takes it as it is.
 # Each line carries a marker that no quoting in any output can change, to look for.
 SECRET = "Kq7Zfirst pw with 'quotes' \"and\" $HOME %n 100% \\\nKq7Zsecond line\n"

@@ -3,6 +3,9 @@ consumer's own, the consumer's values winning."""
 
 from testlib import finished, journal, runs, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 
 def test_environment_of_the_defaults_and_the_consumer_both_reach_the_batch(host):
     run = wait_for(lambda: finished(runs(host, "merged")), 30, "a finished run of merged")[0]

@@ -9,6 +9,9 @@ import pytest
 
 from testlib import assert_deployed, consumers, deploy
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 SECRETS_DIR = "/etc/batchq"
 VERIFY_TASK = "Verify the unit files with systemd before they go live"
 RESULT_RE = re.compile(r"^(ok|changed|skipping|failed|fatal): \[([^\]]+)\]")

@@ -7,6 +7,9 @@ import json
 
 from testlib import consumer_info, journal, show, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 BATCHES = 200
 
 

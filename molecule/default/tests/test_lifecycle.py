@@ -11,6 +11,9 @@ from testlib import (PREFIX, assert_deployed, assert_running, consumers, deploy,
                      redeploy_during_a_held_batch,
                      release_batch, runs, scheduled_starts, show, start_held_batch, wait_for)
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): paused and resumed by these tests.
+WATCHES = ("serial",)
+
 UNIT_DIR = "/etc/systemd/system"
 
 

@@ -3,6 +3,9 @@ batch works in, writes to and reads its environment from exactly those."""
 
 from testlib import consumer_spec, journal, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 
 def test_working_directory_writable_path_and_environment_file_are_the_ones_written(host):
     spec = consumer_spec("paths")

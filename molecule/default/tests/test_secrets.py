@@ -6,6 +6,9 @@ import time
 
 from testlib import PREFIX, assert_deployed, consumers, deploy, finished, journal, runs, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 NAME = "secretive"
 SECRET_FILE = "/etc/batchq/%s.env" % NAME
 # systemd's catalog id of "unit failed" (catalog/systemd.catalog.in)

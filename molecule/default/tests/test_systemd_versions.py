@@ -6,6 +6,9 @@ import re
 
 from testlib import deploy, figure, host_state, scenario_vars, systemd_version
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 # Ubuntu 20.04's systemd, below the role's oldest (247).
 TOO_OLD = "systemd 245 (245.4-4ubuntu3.24)"
 # Answers --version as that systemd would; hands every other call to the real one.

@@ -2,6 +2,9 @@
 
 from testlib import consumer_spec, finished, journal, runs, scenario_vars, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 
 def echoed(host, name):
     return wait_for(lambda: finished(runs(host, name)), 30, "a finished run of " + name)[0]

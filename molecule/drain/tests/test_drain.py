@@ -9,6 +9,9 @@ import pytest
 from testlib import (assert_deployed, consumer_info, consumers, deploy, journal, next_elapse, scheduled_starts,
                      show, systemd_version, timestamp, timestamp_of, wait_for)
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): their failing drains are judged here.
+WATCHES = ("fails-exit", "fails-signal", "fails-hang", "fails-stubborn")
+
 MARGIN = 3.0  # seconds of slack for a loaded CI machine
 BACKLOG = 75
 

@@ -9,6 +9,9 @@ import pytest
 from test_drain import BACKLOG, MARGIN, batches, fill, idle, kick, left
 from testlib import journal, next_elapse, show, systemd_version, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 # How long a stopped drain must stay stopped in the test: far beyond start_delay (1s) and the
 # continuation's start, far below the interval (1h) to its timer's next elapse.
 STAYS_STOPPED_S = 15

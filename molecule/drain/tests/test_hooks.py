@@ -7,6 +7,9 @@ import json
 from test_drain import batches
 from testlib import journal, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): its failing drain calls the hook.
+WATCHES = ("fails-exit",)
+
 
 def test_the_hook_of_a_failed_drain_has_that_batchs_lines_only(host):
     notes = wait_for(lambda: [n for n in map(json.loads, host.run(

@@ -11,6 +11,9 @@ import pytest
 
 from testlib import journal, memory_kill_result, show, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py): none.
+WATCHES = ()
+
 MARGIN = 3.0  # seconds of slack for a loaded CI machine
 SCRIPT = "/opt/batchq-preloaded/consume.py"
 FOLDER = "/opt/batchq-preloaded"

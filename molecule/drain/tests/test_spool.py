@@ -15,6 +15,9 @@ import time
 from test_drain import idle
 from testlib import consumer_spec, journal, scenario_vars, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py); the others wait.
+WATCHES = ("spool",)
+
 SPOOL = scenario_vars()["spool_dir"]
 UNITS = ["batchq-spool@1", "batchq-spool@2"]
 MAX_ATTEMPTS = 3  # the consumer's --max-attempts

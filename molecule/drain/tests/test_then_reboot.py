@@ -6,6 +6,9 @@ from test_drain import batches, left, start_slow_drain, stop_slow_drain
 from test_spool import assert_spool_drained_after_reboot, start_spool_drain
 from testlib import journal, restart, wait_for
 
+# The consumers with a short interval whose timers run during these tests (conftest.py); the others wait.
+WATCHES = ("spool",)
+
 
 def test_a_drain_goes_on_after_a_reboot(hosts):
     start_slow_drain(hosts)
