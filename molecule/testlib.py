@@ -67,15 +67,16 @@ def watched_since():
     return WATCHED["since"]
 
 
-def wait_for(condition, timeout, what, interval=0.5):
-    """The first truthy value of condition(), or fail after timeout seconds."""
+def wait_for(condition, timeout, what, interval=0.5, explain=None):
+    """The first truthy value of condition(), or fail after timeout seconds,
+    with what explain() returns, if given (a journal), in the message."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError("waited %ss in vain for %s" % (timeout, what))
+            raise AssertionError("waited %ss in vain for %s%s" % (timeout, what, explain() if explain else ""))
         time.sleep(interval)
 
 

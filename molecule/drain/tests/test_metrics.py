@@ -21,7 +21,7 @@ def counts(host, name, unit):
 def test_each_batch_of_a_drain_is_counted_as_it_ends(host):
     unit = "batchq-slow.service"
     wait_for(lambda: show(host, unit, "ActiveState")["ActiveState"] == "inactive", 120,
-             "slow to end what an earlier test started")
+             "slow to end what an earlier test started", explain=lambda: journal(host, "slow"))
     before = counts(host, "slow", unit)
     host.check_output("echo 8 > /srv/queues/slow && rm -f /srv/queues/slow.failed")
     host.check_output("systemctl start --no-block %s", unit)
