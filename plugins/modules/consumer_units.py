@@ -389,7 +389,8 @@ def stop_starters(module, starters):
     rc, out, err = module.run_command([module.get_bin_path("systemctl", required=True), "stop", "--"] + starters,
                                       environ_update=LANG_C)
     if rc != 0:
-        left = [unit for unit, (_, state) in unit_states(module, starters).items() if state in ("active", "activating")]
+        # (UnitFileState, ActiveState) of each
+        left = [unit for unit, shown in unit_states(module, starters).items() if shown[1] in ("active", "activating")]
         if left:
             module.fail_json(msg="Failed to stop %s: %s" % (" ".join(left), err.strip()), rc=rc, stderr=err)
 
@@ -404,10 +405,10 @@ def switch_timers(module, start, stop):
     def active(unit):
         return states.get(unit, ("", ""))[1] in ("active", "activating")
 
-    to_enable = [e["timer"] for e in start if states.get(e["timer"], ("", ""))[0] != "enabled"]
     def scheduled(timer):
         return any(active(unit) for unit in starters[timer])
 
+    to_enable = [e["timer"] for e in start if states.get(e["timer"], ("", ""))[0] != "enabled"]
     to_schedule = [e for e in start if not active(e["timer"]) and not scheduled(e["timer"])]
     to_stop = [t for t in stop if states.get(t, ("", ""))[0] == "enabled" or active(t) or scheduled(t)]
     if not module.check_mode:

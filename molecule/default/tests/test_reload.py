@@ -5,7 +5,9 @@ whether the files changed."""
 
 from testlib import assert_deployed, consumers, deploy, show
 
-# The consumers with a short interval whose timers run during these tests (conftest.py): its service stays loaded between runs, so only a reload reads its new file.
+# The consumers with a short interval whose timers run during these tests
+# (conftest.py): serial's service stays loaded between runs, so only a reload
+# reads its new file.
 WATCHES = ("serial",)
 
 # Fails daemon-reload as a lost connection or a broken reload would; hands
