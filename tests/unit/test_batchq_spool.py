@@ -249,7 +249,7 @@ def test_without_records_a_batch_works_and_says_so(top, tmp_path):
     assert len(os.listdir(top / "done")) == 3 and not os.listdir(top / "claims")
 
 
-def test_an_error_of_the_batch_itself_gives_its_files_back_uncharged(top, monkeypatch):
+def test_an_error_of_the_batch_itself_fails_it_and_charges_only_the_file_at_work(top, monkeypatch):
     enqueue(top, "3")
 
     def full(*arguments):
@@ -257,7 +257,8 @@ def test_an_error_of_the_batch_itself_gives_its_files_back_uncharged(top, monkey
     monkeypatch.setattr(spool, "write_result", full)
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     assert spool.main(["--spool", str(top)]) == 1
-    assert sorted(os.listdir(top / "incoming")) == ["job-00000%d.json" % n for n in (1, 2, 3)]
+    incoming = sorted(os.listdir(top / "incoming"))
+    assert incoming[0].startswith("job-000001.json~1~") and incoming[1:] == ["job-000002.json", "job-000003.json"]
     assert not os.listdir(top / "claims") and not os.listdir(top / "failed")
 
 
@@ -304,3 +305,144 @@ def test_claim_folders_are_unique_without_an_invocation(top, monkeypatch):
         with pytest.raises(BlockingIOError):
             fcntl.flock(os.open(os.path.join(_folder, "lock"), os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(lock)
+
+
+# Hostile inputs: names, results and errors a careless producer or process() gives
+def spool_args(**options):
+    values = dict(limit=100, work_ms=0.0, max_attempts=3, backoff_min=0.01, backoff_max=0.02, max_seconds=0.0,
+                  backlog_exit_code=75, records_bytes=1 << 20)
+    values.update(options)
+    return argparse.Namespace(**values)
+
+
+def in_process_batch(top, monkeypatch, work, **options):
+    """One batch in this process, with work(path, attempt) as process()."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(top.parent / "state"))
+    monkeypatch.setattr(spool, "process", lambda path, attempt, work_ms: work(path, attempt))
+    args = spool_args(**options)
+    return spool.run_batch(spool.Spool(str(top), args), args, 0)
+
+
+def put(top, name, data=b"{}\n"):
+    for folder in spool.FOLDERS:
+        (top / folder).mkdir(parents=True, exist_ok=True)
+    path = os.path.join(os.fsencode(str(top / "incoming")), os.fsencode(name))
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def test_a_name_too_long_to_carry_its_attempts_goes_to_failed_unchanged_and_stalls_nothing(top, monkeypatch, capfd):
+    longest = os.pathconf(str(top.parent), "PC_NAME_MAX") - spool.SUFFIX_BYTES
+    put(top, "a" * (longest + 1))
+    put(top, "b" * longest)  # the longest name that carries its attempts
+    put(top, "c.json")
+    did = in_process_batch(top, monkeypatch, lambda path, attempt: {"ok": True})
+    assert did["too_long"] == ["a" * (longest + 1)] and "error" not in did, did
+    assert sorted(did["done"]) == ["b" * longest + "~1", "c.json~1"]
+    assert os.listdir(top / "failed") == ["a" * (longest + 1)]
+    assert "the name is too long to carry its attempts (at most %d bytes)" % longest in capfd.readouterr().err
+
+
+def test_the_longest_name_fails_all_its_attempts_and_its_backoff_names_fit(top, monkeypatch):
+    longest = os.pathconf(str(top.parent), "PC_NAME_MAX") - spool.SUFFIX_BYTES
+    name = "\u00e9" * (longest // 2)  # two bytes each in UTF-8
+    put(top, name)
+
+    def fail(path, attempt):
+        raise ValueError("no")
+    for attempt in range(1, 4):
+        did = in_process_batch(top, monkeypatch, fail, backoff_min=0.001, backoff_max=0.001, max_attempts=3)
+        assert "error" not in did and len(did["failed"] + did["dead"]) == 1, did
+        time.sleep(0.01)
+    assert os.listdir(top / "failed") == [name + "~3"]
+
+
+def test_names_the_spool_does_not_own_are_said_and_left_alone(top, monkeypatch, capfd):
+    for name in ("report~final.json", ".partial", "good.json"):
+        put(top, name)
+    did = in_process_batch(top, monkeypatch, lambda path, attempt: {})
+    assert did["done"] == ["good.json~1"] and did["strangers"] == [".partial", "report~final.json"]
+    assert "2 files in incoming/ are never claimed" in capfd.readouterr().err
+    assert sorted(os.listdir(top / "incoming")) == [".partial", "report~final.json"]
+
+
+ODD_ERRORS = [ValueError("nul \x00 byte"), ValueError("lone \udcff surrogate"), RuntimeError("x" * (1 << 20)),
+              KeyError(b"\xff"), type("Unprintable", (Exception,), {"__str__": lambda self: 1 / 0})()]
+
+
+@pytest.mark.parametrize("error", ODD_ERRORS, ids=["nul", "surrogate", "1MB", "bytes", "unprintable"])
+def test_any_error_text_is_the_files_failed_attempt_and_its_neighbours_are_done(top, monkeypatch, error):
+    for name in ("a.json", "b.json", "c.json"):
+        put(top, name)
+
+    def work(path, attempt):
+        if path.endswith("b.json~1"):
+            raise error
+        return {"ok": True}
+    did = in_process_batch(top, monkeypatch, work)
+    assert "error" not in did and sorted(did["done"]) == ["a.json~1", "c.json~1"], did
+    assert [f["name"] for f in did["failed"]] == ["b.json~1"]
+    assert len(did["failed"][0]["error"]) <= spool.ERROR_CHARS + 40
+    json.dumps(did)  # the records can hold it
+
+
+@pytest.mark.parametrize("value", [{1, 2}, float("nan"), object(), {"bytes": b"\x00"}],
+                         ids=["set", "nan", "object", "bytes"])
+def test_a_result_json_cannot_hold_is_the_files_failed_attempt(top, monkeypatch, value):
+    put(top, "a.json")
+    put(top, "b.json")
+    did = in_process_batch(top, monkeypatch, lambda path, attempt: value if path.endswith("a.json~1") else "plain")
+    assert "error" not in did and [f["name"] for f in did["failed"]] == ["a.json~1"], did
+    assert did["done"] == ["b.json~1"] and results(top)["b.json"]["result"] == "plain"
+
+
+def test_a_batch_that_fails_itself_charges_the_file_at_work_and_gives_the_others_back(top, monkeypatch):
+    for name in ("a.json", "b.json", "c.json"):
+        put(top, name)
+    real = spool.write_result
+
+    def full_disk(folder, done, base, file_id, text):
+        if base == "b.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(folder, done, base, file_id, text)
+    monkeypatch.setattr(spool, "write_result", full_disk)
+    did = in_process_batch(top, monkeypatch, lambda path, attempt: {})
+    assert "No space left on device" in did["error"]
+    assert did["done"] == ["a.json~1"] and [f["name"] for f in did["failed"]] == ["b.json~1"], did
+    assert did["left"] == ["c.json~1"]
+    incoming = sorted(os.listdir(top / "incoming"))
+    assert incoming[0].startswith("b.json~1~") and incoming[1:] == ["c.json"], incoming
+
+
+def test_a_file_that_fails_every_batch_itself_ends_in_failed(top, monkeypatch):
+    put(top, "b.json")
+
+    def full_disk(folder, done, base, file_id, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(spool, "write_result", full_disk)
+    for attempt in range(3):
+        did = in_process_batch(top, monkeypatch, lambda path, attempt: {}, backoff_min=0.001, backoff_max=0.001)
+        assert "error" in did
+        time.sleep(0.01)
+    assert os.listdir(top / "failed") == ["b.json~3"]
+
+
+def test_the_backoff_of_many_attempts_stays_at_its_cap():
+    assert 1800 <= spool.backoff(100000, 10, 3600) <= 3600
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--limit", "-5"], "--limit"), (["--limit", "0"], "--limit"),
+    (["--max-attempts", "0"], "--max-attempts"), (["--max-attempts", "1100"], "--max-attempts"),
+    (["--work-ms", "-1"], "--work-ms"), (["--work-ms", "nan"], "--work-ms"),
+    (["--backoff-min", "0"], "--backoff-min"), (["--backoff-min", "5", "--backoff-max", "1"], "--backoff-max"),
+    (["--max-seconds", "-1"], "--max-seconds"), (["--backlog-exit-code", "1"], "--backlog-exit-code"),
+    (["--records-bytes", "10"], "--records-bytes"),
+])
+def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(top, options, named):
+    enqueue(top, "3")
+    env = dict(os.environ, STATE_DIRECTORY=str(top.parent / "state"))
+    process = subprocess.run([sys.executable, str(CONSUMER), "--spool", str(top), *options], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == 2 and "error: %s: must be" % named in process.stderr, process.stderr
+    assert len(os.listdir(top / "incoming")) == 3 and os.listdir(top / "claims") == []
