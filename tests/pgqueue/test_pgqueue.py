@@ -8,6 +8,8 @@ consumer's own records.
 import json
 import time
 
+import pytest
+
 from conftest import DATABASE, EXAMPLE, docker, sql, states, wait_for
 
 # The server's idle-in-transaction timeout for the batch of the test below, set
@@ -372,3 +374,45 @@ def test_schema_sql_upgrades_a_table_of_the_first_version_in_place(client):
     assert sql("SELECT string_agg(state || ':' || attempts, ',' ORDER BY id) FROM %s.batchq_jobs" % schema) == \
         "done:1,done:1,done:1,dead:5"
     assert sql("SELECT count(*) FROM %s.batchq_results" % schema) == "3"
+
+
+# Hostile jobs and options: one job's odd failure or payload never fails its neighbours
+def test_an_error_text_the_database_cannot_hold_as_it_is_fails_that_job_alone(client, queue):
+    enqueue(client, queue, 5)
+    for n, kind in ((2, "nul"), (3, "surrogate"), (4, "huge")):
+        sql("UPDATE batchq_jobs SET payload = payload || '{\"raise\": \"%s\"}' WHERE queue = '%s' AND payload->>'n' = '%d'"
+            % (kind, queue, n))
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "1", state="/tmp/" + queue)
+    assert code == 0, output
+    assert jobs(queue) == [(1, "done", 1), (2, "dead", 1), (3, "dead", 1), (4, "dead", 1), (5, "done", 1)]
+    errors = sql("SELECT last_error FROM batchq_jobs WHERE queue = '%s' AND state = 'dead' ORDER BY id" % queue)
+    nul, surrogate, huge = errors.split("\n")
+    assert nul == "TypeError: a NUL \\x00 byte" and surrogate == "TypeError: a lone \\udcff surrogate", errors
+    assert huge.startswith("TypeError: xxx") and huge.endswith("... (1048587 characters)") and len(huge) < 2100
+
+
+def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queue(client, queue):
+    enqueue(client, queue, 3)
+    # valid jsonb that Python may refuse to decode: a 5000-digit number (Python 3.11 and later
+    # refuse it, 3.9 reads it), arrays nested 3000 deep (past every Python's recursion limit)
+    sql("INSERT INTO batchq_jobs (queue, payload) VALUES ('%s', '{\"n\": %s}'), ('%s', '%s')"
+        % (queue, "9" * 5000, queue, "[" * 3000 + "]" * 3000))
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "1", state="/tmp/" + queue)
+    assert code == 0, output
+    rows = sql("SELECT state, attempts FROM batchq_jobs WHERE queue = '%s' ORDER BY id" % queue).splitlines()
+    assert rows[:3] == ["done|1"] * 3, rows
+    # each is charged its attempt and ends: neither is claimed again
+    assert rows[3] in ("done|1", "dead|1") and rows[4] == "dead|1", rows
+    assert "RecursionError" in output, output
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--limit", "-5"], "--limit"), (["--max-attempts", "0"], "--max-attempts"),
+    (["--max-attempts", "1100"], "--max-attempts"), (["--backoff-base", "0"], "--backoff-base"),
+    (["--job-timeout", "nan"], "--job-timeout"), (["--queue", ""], "--queue"),
+])
+def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(client, queue, options, named):
+    enqueue(client, queue, 3)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, *options, state="/tmp/" + queue)
+    assert code == 2 and "error: %s: must be" % named in output, output
+    assert states(queue) == {"queued": 3}
