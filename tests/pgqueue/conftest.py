@@ -7,6 +7,7 @@ psycopg 3. The containers are named BATCHQ_HOST_PREFIX-pgqueue-* (as the
 molecule hosts are) and removed at the end, whatever the outcome.
 """
 
+import hashlib
 import json
 import os
 import pathlib
@@ -148,6 +149,8 @@ def client(request, server):
 @pytest.fixture
 def queue(request, client):
     """A queue (and a state folder for the records) of this test's own."""
-    name = "%s-%s" % (request.node.originalname.replace("_", "-")[5:40], client.driver)
+    # the test's name, cut, and a digest of its whole name with its parameters
+    digest = hashlib.sha1(request.node.name.encode()).hexdigest()[:6]
+    name = "%s-%s-%s" % (request.node.originalname.replace("_", "-")[5:40], digest, client.driver)
     client.shell("rm -rf /tmp/%s && mkdir -p /tmp/%s" % (name, name))
     return name

@@ -394,7 +394,7 @@ def test_an_error_text_the_database_cannot_hold_as_it_is_fails_that_job_alone(cl
 def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queue(client, queue):
     enqueue(client, queue, 3)
     # valid jsonb that Python may refuse to decode: a 5000-digit number (Python 3.11 and later
-    # refuse it, 3.9 reads it), arrays nested 3000 deep (past every Python's recursion limit)
+    # refuse it, 3.9 reads it), arrays nested 3000 deep (deeper than some decoders recurse)
     sql("INSERT INTO batchq_jobs (queue, payload) VALUES ('%s', '{\"n\": %s}'), ('%s', '%s')"
         % (queue, "9" * 5000, queue, "[" * 3000 + "]" * 3000))
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "1", state="/tmp/" + queue)
@@ -402,8 +402,8 @@ def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queu
     rows = sql("SELECT state, attempts FROM batchq_jobs WHERE queue = '%s' ORDER BY id" % queue).splitlines()
     assert rows[:3] == ["done|1"] * 3, rows
     # each is charged its attempt and ends: neither is claimed again
-    assert rows[3] in ("done|1", "dead|1") and rows[4] == "dead|1", rows
-    assert "RecursionError" in output, output
+    assert rows[3] in ("done|1", "dead|1") and rows[4] in ("done|1", "dead|1"), rows
+    assert "committed: 5 jobs claimed" in output, output
 
 
 @pytest.mark.parametrize("options, named", [
