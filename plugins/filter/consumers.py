@@ -5,9 +5,13 @@
 
 from __future__ import annotations
 
+import os
+
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import plan, questions, units_to_write, with_texts
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
     AFTER_RUN,
     CONTINUE_UNIT,
@@ -47,6 +51,27 @@ def consumers(value, defaults=None, prefix=DEFAULT_PREFIX):
         return normalize_consumers(value, defaults or {}, prefix)
     except ConsumerSpecError as exc:
         raise AnsibleFilterError(str(exc)) from exc
+
+
+def consumer_questions(normalized, account=DEFAULT_ACCOUNT):
+    return questions(normalized, account)
+
+
+def consumer_plan(normalized, answers, settings, host="this host"):
+    # A switch given on the command line (-e consumer_metrics=false) is a string.
+    return plan(normalized, answers, dict(settings, metrics=boolean(settings["metrics"], strict=False)), host)
+
+
+def consumer_file_texts(files, folder):
+    """Each file the plan copies from the role's files folder, with its text."""
+    def read(name):
+        with open(os.path.join(folder, name), encoding="utf-8") as handle:
+            return handle.read()
+    return with_texts(files, read)
+
+
+def consumer_units_to_write(rendered, host_units):
+    return units_to_write(rendered, host_units or {})
 
 
 def consumer_secret_files(value, defaults=None):
@@ -104,13 +129,17 @@ class FilterModule:
         return {
             "consumers": consumers,
             "consumer_credential_files": consumer_credential_files,
+            "consumer_file_texts": consumer_file_texts,
             "consumer_leftovers": consumer_leftovers,
             "consumer_metrics_files": consumer_metrics_files,
             "consumer_names": consumer_names,
+            "consumer_plan": consumer_plan,
             "consumer_python": consumer_python,
+            "consumer_questions": consumer_questions,
             "consumer_secret_files": consumer_secret_files,
             "consumer_stale_secrets": consumer_stale_secrets,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,
             "consumer_systemd": consumer_systemd,
+            "consumer_units_to_write": consumer_units_to_write,
         }

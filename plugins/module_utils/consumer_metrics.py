@@ -32,11 +32,15 @@ def metrics_files(consumers, folder, prefix, enabled=True, paused=None, only_pau
     """The entries of the consumer_files module for consumers (the role's
     normalised ones: name, user, group, state): what metrics need, or with
     enabled false what must go (then names will do: a removed consumer's). paused overrides each consumer's own state
-    (consumer_control.yml); only_paused leaves out all but the paused files."""
+    (consumer_control.yml); only_paused leaves out all but the paused files. folder None: each consumer's own
+    metrics_dir, as consumer_deployed found it, and none for a consumer without one."""
     entries = []
     for consumer in consumers:
         consumer = consumer if isinstance(consumer, dict) else {"name": consumer}
-        stem = "%s/%s%s" % (folder, prefix, consumer["name"])
+        where = consumer.get("metrics_dir") if folder is None else folder
+        if not where:
+            continue
+        stem = "%s/%s%s" % (where, prefix, consumer["name"])
         is_paused = consumer.get("state") == "paused" if paused is None else bool(paused)
         paused_file = {"path": stem + ".paused.prom", "state": "file", "mode": "0644",
                        "content": paused_text(consumer["name"], is_paused)}

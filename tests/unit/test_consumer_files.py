@@ -223,3 +223,12 @@ def test_an_entry_to_remove_makes_no_folder(tmp_path, capsys, module_args):
     result = run_main(module_args, capsys, absent=[str(tmp_path / "gone/x.env")],
                       files=[{"path": str(tmp_path / "gone/too/x.prom"), "state": "absent"}])
     assert (result["changed"], os.listdir(tmp_path)) == (False, [])
+
+
+def test_pause_files_go_to_each_consumers_own_metrics_folder_and_none_without_one():
+    # as consumer_deployed finds them on a host: the folder each was deployed with, or none
+    found = [{"name": "mail", "metrics_dir": "/srv/a"}, {"name": "sync", "metrics_dir": None},
+             {"name": "thumbs", "metrics_dir": "/srv/b"}]
+    paused = metrics_files(found, None, "batchq-", paused=True, only_paused=True)
+    assert [entry["path"] for entry in paused] == ["/srv/a/batchq-mail.paused.prom", "/srv/b/batchq-thumbs.paused.prom"]
+    assert all(entry["content"].endswith("} 1\n") for entry in paused)

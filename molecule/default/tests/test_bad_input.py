@@ -23,9 +23,11 @@ def fresh(**fields):
 # (case, the bad consumer or consumers, words the error must contain); a bad
 # consumer named like one of the scenario's takes its place in the list.
 # Bad input the controller refuses alone is tested, case by case, by
-# tests/unit/test_bad_consumer_lists.py on the filter the role calls first;
-# "unknown key" proves here that the deploy fails with that message and
-# changes no host. The others need a host to answer.
+# tests/unit/test_bad_consumer_lists.py on the filter the role calls first,
+# and what the planner makes of each host answer (a missing path, account or
+# metrics folder) by tests/unit/test_consumer_plan.py. "unknown key" and
+# "missing account" prove here that the deploy fails with that message and
+# changes no host; the others need the host's systemd to refuse them.
 CASES = [
     ("unknown key", fresh(intervall="5s"), ["'fresh'", "'intervall'"]),
     ("credential name", fresh(credentials={"db/password": "s3cret"}), ["'fresh'", "'credentials'", "db/password"]),
@@ -35,12 +37,6 @@ CASES = [
     # only systemd-analyze on the host refuses it
     ("time span at systemd's limit", fresh(interval="584542y"), ["'fresh'", "'interval'", "584542y"]),
     ("missing account", fresh(user="nobody-here"), ["'fresh'", "'user'", "nobody-here"]),
-    ("missing environment file", fresh(environment_file="/etc/batchq/none.env"),
-     ["'fresh'", "'environment_file'", "/etc/batchq/none.env"]),
-    ("command not on the host", fresh(command="/usr/bin/no-such-consumer"),
-     ["'fresh'", "'command'", "/usr/bin/no-such-consumer"]),
-    ("command of a drain not on the host", fresh(command="/usr/bin/no-such-consumer", backlog_exit_code=75),
-     ["'fresh'", "'command'", "/usr/bin/no-such-consumer"]),
     ("setting systemd does not know", fresh(service_options={"FooBar": "1"}), ["batchq-fresh.service", "FooBar"]),
 ]
 
@@ -58,16 +54,6 @@ def test_bad_consumer_fails_naming_it_and_changes_nothing(hosts, states_before, 
     process = deploy(kept + [GOOD_NEW] + bad)
     assert process.returncode != 0, process.output
     for word in words:
-        assert word in process.output, "%r not in the error:\n%s" % (word, process.output[-3000:])
-    assert [host_state(host) for host in hosts] == states_before
-
-
-@pytest.mark.parametrize("folder", ["var/lib/prometheus/node-exporter", "/var/lib/../tmp", "/var/lib/node exporter"],
-                         ids=["relative", "dot-dot", "space"])
-def test_bad_metrics_folder_fails_naming_it_and_changes_nothing(hosts, states_before, folder):
-    process = deploy(scenario_vars()["consumer_list"] + [GOOD_NEW], consumer_metrics_dir=folder)
-    assert process.returncode != 0, process.output
-    for word in ("consumer_metrics_dir", folder):
         assert word in process.output, "%r not in the error:\n%s" % (word, process.output[-3000:])
     assert [host_state(host) for host in hosts] == states_before
 

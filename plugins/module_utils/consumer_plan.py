@@ -1,0 +1,209 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The role's decisions, in one place: what to ask a host, and what to do
+with its answers.
+
+The role asks, plans, then applies: questions() says what to ask the host
+(the consumer_preflight module asks it in one round trip), plan() turns the
+answers into everything the role does, and the tasks only carry the plan out.
+Both are pure functions of what the user gave and what the host answered, so
+each decision is tested as a unit with the answers of real hosts
+(tests/unit/test_consumer_plan.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import preload_pythons
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
+
+__metaclass__ = type
+
+# Written into unit files as it is: no character systemd would read. \Z, not
+# $: "$" also matches before a trailing newline.
+METRICS_DIR_RE = re.compile(r"(/[A-Za-z0-9_.-]+)+\Z")
+DOT_PART_RE = re.compile(r"/\.\.?(/|$)")
+
+# The helpers a consumer needs on the host, copied from the role's files.
+DRAIN_HELPERS = ("batchq-drain",)
+AFTER_RUN_HELPERS = ("batchq_metrics.py", "batchq_after_run.py")
+
+
+def _unique(values):
+    """values without repeats, in the order first seen."""
+    seen, kept = set(), []
+    for value in values:
+        if value not in seen:
+            seen.add(value)
+            kept.append(value)
+    return kept
+
+
+def installed(units):
+    """The consumers whose units stay on the host: present or paused."""
+    return [unit for unit in units if unit["state"] != "absent"]
+
+
+def questions(units, account):
+    """What to ask the host about the normalised consumers (consumer_spec):
+    the consumer_preflight module's options. Accounts by name, never by
+    listing: see that module's documentation."""
+    kept = installed(units)
+    return {
+        "spans": _unique(value for unit in units for value in unit["spans"].values()),
+        "users": _unique([account] + [unit["user"] for unit in kept]),
+        "groups": _unique([account] + [unit["group"] for unit in kept]),
+        "paths": _unique(need["path"] for unit in kept for need in unit["required_paths"]),
+        # the scripts of preloaded consumers: their #! line names the Python to run under
+        "first_lines": _unique(unit["preload_script"] for unit in kept if unit["preload_script"]),
+    }
+
+
+def metrics_dir_problem(folder):
+    if METRICS_DIR_RE.match(str(folder)) and not DOT_PART_RE.search(str(folder)):
+        return None
+    return ("consumer_metrics_dir: must be an absolute path of letters, digits, '_', '.' and '-'"
+            " without '.' or '..' parts, got %s" % json.dumps(folder))
+
+
+def problems(units, answers, systemd, pythons, settings, host):
+    """Every reason the host cannot run the consumers as given, each naming
+    the consumer and the field at fault."""
+    found = []
+    if systemd["refusal"]:
+        found.append(systemd["refusal"])
+    metrics_dir = metrics_dir_problem(settings["metrics_dir"])
+    if metrics_dir:
+        found.append(metrics_dir)
+    found += pythons["problems"]
+    for unit in units:
+        for field, value in sorted(unit["spans"].items()):
+            if value in answers["rejected_spans"]:
+                found.append("systemd-analyze on %s rejects consumer '%s': field '%s': '%s' is not a systemd time span;"
+                             % (host, unit["name"], field, value))
+    account = settings["account"]
+    private_run = not answers["credentials_shared"] and not systemd["features"]["credentials_private_run"]
+    for unit in installed(units):
+        for field, database, existing in (("user", "passwd", answers["users"]), ("group", "group", answers["groups"])):
+            if unit[field] != account and unit[field] not in existing:
+                found.append("consumer '%s': field '%s': no %s entry %s on %s;"
+                             % (unit["name"], field, database, unit[field], host))
+        for field in ("credentials", "hook_credentials"):
+            if unit["credentials"][field] and private_run:
+                found.append(
+                    "consumer '%s': field '%s': /run is a private mount on %s (as in a docker or podman container),"
+                    " and systemd %s cannot pass credentials to a unit through it. Make /run shared at every boot"
+                    " (mount --make-shared /run, as systemd does on a host), or give the values as secret_environment;"
+                    % (unit["name"], field, host, systemd["version"]))
+        for need in unit["required_paths"]:
+            if need["path"] in answers["missing_paths"]:
+                found.append("consumer '%s': field '%s': %s does not exist on %s;"
+                             % (unit["name"], need["field"], need["path"], host))
+    return found
+
+
+def account_plan(units, answers, account):
+    """Whether the role's account needs its group or user made: only when a
+    consumer runs as it and it is not already as the role makes it."""
+    user, group = answers["users"].get(account), answers["groups"].get(account)
+    ready = (user is not None and group is not None and user["gid"] == group
+             and user["home"] == "/var/lib/batchq" and user["shell"] == "/usr/sbin/nologin")
+    kept = installed(units)
+    runs_as = any(unit["user"] == account for unit in kept)
+    in_group = runs_as or any(unit["group"] == account for unit in kept)
+    return {"ready": ready, "make_group": not ready and in_group, "make_user": not ready and runs_as}
+
+
+def other_shape(service_unit):
+    """The service unit of a consumer's other shape: one instance or several."""
+    if "@" in service_unit:
+        return service_unit.replace("@.service", ".service")
+    return service_unit.replace(".service", "@.service")
+
+
+def timer_starts(units):
+    """Each present consumer's timers, as consumer_units starts them: start_delay
+    later, with its accuracy and jitter."""
+    return [{"consumer": unit["name"], "start": {"timer": timer, "delay": unit["spans"]["start_delay"],
+                                                 "accuracy": unit["spans"]["accuracy"], "jitter": unit["spans"]["jitter"]}}
+            for unit in units if unit["state"] == "present" for timer in unit["timers"]]
+
+
+def helper_files(units, metrics, helper_dir):
+    """The helper programs the consumers need, and their folder; none when no
+    consumer needs one. Each names its source in the role's files: the
+    controller reads it as it lays the files out (consumer_file_texts)."""
+    kept = installed(units)
+    names = list(DRAIN_HELPERS) if any(unit["backlog_exit_code"] for unit in kept) else []
+    if kept and (metrics or any(unit["hooks"] for unit in kept)):
+        names += AFTER_RUN_HELPERS
+    if not names:
+        return []
+    root = {"owner": "root", "group": "root", "mode": "0755"}
+    return [dict(root, path=helper_dir, state="directory")] + [
+        dict(root, path="%s/%s" % (helper_dir, name), source=name) for name in names]
+
+
+def with_texts(files, read):
+    """The entries of files with each source replaced by its text, read(source)."""
+    return [dict({k: v for k, v in entry.items() if k != "source"}, content=read(entry["source"]))
+            if "source" in entry else entry for entry in files]
+
+
+def plan(units, answers, settings, host="this host"):
+    """Everything the role does on a host, from the normalised consumers and
+    the consumer_preflight module's answers.
+
+    settings: account, prefix, metrics (bool), metrics_dir and helper_dir.
+    """
+    kept = installed(units)
+    systemd = systemd_support(answers["systemctl_version"], host)
+    pythons = preload_pythons(kept, answers["first_lines"], host)
+    # Present consumers whose units change shape (one instance to several, or
+    # back): the host still has the other shape's service. Their timers start
+    # only once the old shape's batch has ended, so that a consumer never
+    # runs two batches at once.
+    reshaped = [unit["name"] for unit in units
+                if unit["state"] == "present" and other_shape(unit["service_unit"]) in answers["units"]]
+    starts = timer_starts(units)
+    metrics = settings["metrics"]
+    metrics_folder = [{"path": settings["metrics_dir"], "state": "directory", "mode": "a+rx"}] if metrics and kept else []
+    return {
+        # what the plan was made from, besides the host's answers (the templates read them too)
+        "settings": settings,
+        "units": units,
+        "installed": kept,
+        "systemd": systemd,
+        "pythons": pythons["pythons"],
+        "problems": problems(units, answers, systemd, pythons, settings, host),
+        "account": account_plan(units, answers, settings["account"]),
+        "reshaped": reshaped,
+        "start": [entry["start"] for entry in starts if entry["consumer"] not in reshaped],
+        "start_after_removal": [entry["start"] for entry in starts if entry["consumer"] in reshaped],
+        "stop": [timer for unit in units if unit["state"] == "paused" for timer in unit["timers"]],
+        # A drain runs on with the secrets it started with: one whose secrets
+        # change ends after its batch in flight, and the next run reads them.
+        "drains_by_secret": [{"path": path, "services": unit["services"]}
+                             for unit in kept for path in unit["secret_paths"]],
+        # node_exporter's textfile folder (never taking a right away from a
+        # folder other exporters may share), then each consumer's files; with
+        # metrics off, their removal (consumer_metrics says what and why).
+        "files": (helper_files(units, metrics, settings["helper_dir"]) + metrics_folder
+                  + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics)),
+    }
+
+
+def digest(text):
+    """The SHA-256 of a unit file's text, as consumer_preflight reports the host's."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def units_to_write(rendered, host_units):
+    """The rendered unit files ({name: text}) whose content the host does not
+    have (host_units: {name: SHA-256}, the consumer_preflight module's units)."""
+    return {name: text for name, text in rendered.items() if host_units.get(name, "") != digest(text)}

@@ -1,0 +1,274 @@
+"""The role's decisions (module_utils/consumer_plan.py), each from what the
+user gave and what a real host answered: the consumer_preflight module's
+answers recorded on fresh Debian 11, 12, 13 and testing hosts
+(tests/unit/fixtures/SUITE/preflight.json, by fixtures/record-preflight.sh),
+changed where a test needs another host."""
+
+import copy
+import json
+import pathlib
+
+import pytest
+
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import (
+    digest,
+    plan,
+    questions,
+    units_to_write,
+    with_texts,
+)
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import normalize_consumers
+from ansible_collections.batchq.consumers.plugins.modules import consumer_preflight
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+SUITES = ("bullseye", "bookworm", "trixie", "forky")
+SETTINGS = {"account": "batchq", "prefix": "batchq-", "metrics": True,
+            "metrics_dir": "/var/lib/prometheus/node-exporter", "helper_dir": "/usr/local/lib/batchq"}
+PLAIN = {"name": "thumbs", "command": "/usr/bin/python3 -c pass"}
+
+
+def recorded(suite):
+    return json.loads((FIXTURES / suite / "preflight.json").read_text())
+
+
+def answers(suite="bookworm", **changes):
+    found = copy.deepcopy(recorded(suite))
+    found.update(changes)
+    return found
+
+
+def units(*consumers, defaults=None):
+    return normalize_consumers([dict(c) for c in consumers], defaults or {}, "batchq-")
+
+
+def planned(*consumers, suite="bookworm", settings=None, host="h1", **host_changes):
+    return plan(units(*consumers), answers(suite, **host_changes), dict(SETTINGS, **(settings or {})), host)
+
+
+# What the recordings are: fresh hosts, without the role's account.
+@pytest.mark.parametrize("suite", SUITES)
+def test_the_recorded_hosts_are_fresh_and_found_the_wrong_answers(suite):
+    found = recorded(suite)
+    assert "batchq" not in found["users"] and "ghost" not in found["users"] and "root" in found["users"]
+    assert found["rejected_spans"] == ["1 fortnight"]
+    assert found["missing_paths"] == ["/srv/missing"]
+    assert found["units"] == {}
+    assert found["first_lines"]["/usr/bin/pydoc3"].startswith("#!") and "python3" in found["first_lines"]["/usr/bin/pydoc3"]
+
+
+# Questions
+def test_questions_name_every_span_account_path_and_preloaded_script_once():
+    asked = questions(units(
+        dict(PLAIN, user="app", group="app", writable_paths=["/srv/a"]),
+        {"name": "other", "command": "/usr/local/bin/job", "user": "app", "timeout": "1h"},
+        {"name": "gone", "command": "/usr/local/bin/gone", "user": "old", "state": "absent"},
+        {"name": "fast", "command": "/usr/local/bin/script.py", "preload": ["json"], "backlog_exit_code": 75}),
+        "batchq")
+    assert asked["users"] == ["batchq", "app"]  # the account first; not a removed consumer's user
+    assert asked["groups"] == ["batchq", "app"]
+    assert asked["paths"] == ["/usr/bin/python3", "/srv/a", "/usr/local/bin/job", "/usr/local/bin/script.py"]
+    assert asked["first_lines"] == ["/usr/local/bin/script.py"]
+    assert "1h" in asked["spans"] and len(asked["spans"]) == len(set(asked["spans"]))
+
+
+# Problems: each names the consumer and the field, or the setting
+@pytest.mark.parametrize("suite", SUITES)
+def test_a_plain_consumer_on_each_fresh_host_has_no_problem(suite):
+    assert planned(PLAIN, suite=suite)["problems"] == []
+
+
+@pytest.mark.parametrize("consumer, host_changes, expected", [
+    # the controller accepts every span it parses; an older systemd may know fewer units
+    (dict(PLAIN, timeout="3 weeks"), {"rejected_spans": ["3 weeks"]},
+     "systemd-analyze on h1 rejects consumer 'thumbs': field 'timeout': '3 weeks' is not a systemd time span;"),
+    (dict(PLAIN, user="ghost"), {}, "consumer 'thumbs': field 'user': no passwd entry ghost on h1;"),
+    (dict(PLAIN, group="ghosts"), {}, "consumer 'thumbs': field 'group': no group entry ghosts on h1;"),
+    (dict(PLAIN, working_directory="/srv/missing"), {},
+     "consumer 'thumbs': field 'working_directory': /srv/missing does not exist on h1;"),
+    (dict(PLAIN, command="/srv/missing --limit 10"), {}, "consumer 'thumbs': field 'command': /srv/missing does not exist on h1;"),
+    # a drain's ExecStart= names the runner: systemd-analyze verify never sees its command
+    (dict(PLAIN, command="/srv/missing", backlog_exit_code=75), {},
+     "consumer 'thumbs': field 'command': /srv/missing does not exist on h1;"),
+    (dict(PLAIN, environment_file="/srv/missing"), {},
+     "consumer 'thumbs': field 'environment_file': /srv/missing does not exist on h1;"),
+    (dict(PLAIN, on_failure="/srv/missing --now"), {}, "consumer 'thumbs': field 'on_failure': /srv/missing does not exist on h1;"),
+])
+def test_a_problem_of_one_consumer_names_it_and_its_field(consumer, host_changes, expected):
+    assert planned(consumer, **host_changes)["problems"] == [expected]
+
+
+def test_the_role_account_needs_no_entry_yet_it_is_made():
+    assert planned(dict(PLAIN, user="batchq", group="batchq"))["problems"] == []
+
+
+def test_a_removed_consumer_is_not_checked_against_the_host():
+    gone = dict(PLAIN, user="ghost", command="/srv/missing", state="absent")
+    assert planned(gone)["problems"] == []
+
+
+def test_every_problem_of_every_consumer_is_named_at_once():
+    found = planned(dict(PLAIN, user="ghost"), {"name": "b", "command": "/srv/missing", "interval": "3 weeks"},
+                    rejected_spans=["3 weeks"])
+    assert len(found["problems"]) == 3, found["problems"]
+
+
+@pytest.mark.parametrize("folder", ["relative/dir", "/var/lib/../etc", "/var/lib/node exporter", "/dir/\n", "/a/./b"])
+def test_a_metrics_folder_systemd_would_read_otherwise_is_refused(folder):
+    found = planned(PLAIN, settings={"metrics_dir": folder})["problems"]
+    assert len(found) == 1 and found[0].startswith("consumer_metrics_dir: must be an absolute path") \
+        and json.dumps(folder) in found[0]
+
+
+def test_a_host_with_an_older_systemd_is_refused_naming_both_versions():
+    found = planned(PLAIN, systemctl_version="systemd 245 (245.4-4ubuntu3.24)\n+PAM")["problems"]
+    assert found == ["h1 has systemd 245; the batchq.consumers.consumer role needs systemd 247 or later"]
+
+
+def test_a_preloaded_script_that_is_not_python_is_refused():
+    script = {"name": "fast", "command": "/usr/bin/ldd --version", "preload": ["json"], "backlog_exit_code": 75}
+    found = planned(script)["problems"]
+    assert len(found) == 1 and found[0].startswith("consumer 'fast': field 'command':"), found
+
+
+def test_a_preloaded_python_script_runs_under_its_own_python():
+    script = {"name": "fast", "command": "/usr/bin/pydoc3 json", "preload": ["json"], "backlog_exit_code": 75}
+    decided = planned(script)
+    assert decided["problems"] == [] and "python3" in decided["pythons"]["fast"]
+
+
+# Credentials where systemd cannot pass them on (a private /run, as in a container)
+@pytest.mark.parametrize("suite, refused", [("bullseye", True), ("bookworm", True), ("trixie", True), ("forky", False)])
+def test_credentials_on_a_private_run_are_refused_below_systemd_262(suite, refused):
+    keeper = dict(PLAIN, credentials={"token": "s3cret"})
+    found = planned(keeper, suite=suite, credentials_shared=False)["problems"]
+    if refused:
+        assert len(found) == 1 and found[0].startswith(
+            "consumer 'thumbs': field 'credentials': /run is a private mount on h1"), found
+        assert "mount --make-shared /run" in found[0]
+    else:
+        assert found == []
+
+
+def test_credentials_on_a_shared_run_are_fine_on_every_systemd():
+    keeper = dict(PLAIN, credentials={"token": "s3cret"})
+    for suite in SUITES:
+        assert planned(keeper, suite=suite, credentials_shared=True)["problems"] == []
+
+
+# The account
+def test_a_fresh_host_gets_the_account_when_a_consumer_runs_as_it():
+    assert planned(PLAIN)["account"] == {"ready": False, "make_group": True, "make_user": True}
+
+
+def test_a_consumer_of_another_user_in_the_account_group_gets_the_group_alone():
+    assert planned(dict(PLAIN, user="nobody"))["account"] == {"ready": False, "make_group": True, "make_user": False}
+
+
+def test_no_account_is_made_when_no_consumer_uses_it():
+    assert planned(dict(PLAIN, user="nobody", group="nogroup"))["account"]["make_group"] is False
+
+
+def test_an_account_already_as_the_role_makes_it_is_left_alone():
+    ready = answers(users={"batchq": {"uid": 998, "gid": 998, "home": "/var/lib/batchq", "shell": "/usr/sbin/nologin"}},
+                    groups={"batchq": 998})
+    decided = plan(units(PLAIN), ready, SETTINGS, "h1")
+    assert decided["account"] == {"ready": True, "make_group": False, "make_user": False}
+
+
+def test_an_account_with_another_shell_is_made_again():
+    other = answers(users={"batchq": {"uid": 998, "gid": 998, "home": "/var/lib/batchq", "shell": "/bin/bash"}},
+                    groups={"batchq": 998})
+    assert plan(units(PLAIN), other, SETTINGS, "h1")["account"]["make_user"] is True
+
+
+# Timers: started, stopped, started after the old shape's batch
+def test_a_present_consumer_starts_each_timer_start_delay_later():
+    decided = planned(dict(PLAIN, instances=2, start_delay="30s", accuracy="2s", jitter="5s"))
+    assert decided["start"] == [
+        {"timer": "batchq-thumbs@1.timer", "delay": "30s", "accuracy": "2s", "jitter": "5s"},
+        {"timer": "batchq-thumbs@2.timer", "delay": "30s", "accuracy": "2s", "jitter": "5s"}]
+    assert decided["stop"] == [] and decided["start_after_removal"] == []
+
+
+def test_a_paused_consumer_is_stopped_and_not_started():
+    decided = planned(dict(PLAIN, state="paused"))
+    assert decided["start"] == [] and decided["stop"] == ["batchq-thumbs.timer"]
+
+
+def test_a_removed_consumer_is_neither_started_nor_stopped_here():
+    decided = planned(dict(PLAIN, state="absent"))
+    assert (decided["start"], decided["stop"], decided["installed"]) == ([], [], [])
+
+
+@pytest.mark.parametrize("instances, host_has", [(2, "batchq-thumbs.service"), (1, "batchq-thumbs@.service")])
+def test_a_consumer_that_changes_shape_starts_only_after_the_old_shape_is_removed(instances, host_has):
+    decided = planned(dict(PLAIN, instances=instances), units={host_has: "0" * 64})
+    assert decided["reshaped"] == ["thumbs"] and decided["start"] == []
+    assert [entry["timer"] for entry in decided["start_after_removal"]] == (
+        ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer"] if instances == 2 else ["batchq-thumbs.timer"])
+
+
+def test_a_consumer_of_the_same_shape_starts_at_once():
+    decided = planned(PLAIN, units={"batchq-thumbs.service": "0" * 64})
+    assert decided["reshaped"] == [] and [e["timer"] for e in decided["start"]] == ["batchq-thumbs.timer"]
+
+
+# Drains whose secrets change end after their batch in flight
+def test_each_secret_file_names_the_services_that_read_it():
+    keeper = dict(PLAIN, instances=2, secret_environment={"TOKEN": "x"}, backlog_exit_code=75)
+    decided = planned(keeper, dict(PLAIN, name="plain"))
+    assert decided["drains_by_secret"] == [
+        {"path": "/etc/batchq/thumbs.env", "services": ["batchq-thumbs@1.service", "batchq-thumbs@2.service"]}]
+
+
+# Files: the helpers, the metrics folder and each consumer's metrics files
+def test_a_plain_consumer_with_metrics_gets_the_after_run_helpers_and_its_metrics_files():
+    files = planned(PLAIN)["files"]
+    paths = [entry["path"] for entry in files]
+    assert paths[:3] == ["/usr/local/lib/batchq", "/usr/local/lib/batchq/batchq_metrics.py",
+                         "/usr/local/lib/batchq/batchq_after_run.py"]
+    # a bare host has no node_exporter: the folder is laid out (consumer_files makes its parents)
+    assert files[3] == {"path": "/var/lib/prometheus/node-exporter", "state": "directory", "mode": "a+rx"}
+    assert "/var/lib/prometheus/node-exporter/batchq-thumbs.prom" in paths
+
+
+def test_a_drain_gets_the_runner_too():
+    sources = [e.get("source") for e in planned(dict(PLAIN, backlog_exit_code=75))["files"]]
+    assert sources[:4] == [None, "batchq-drain", "batchq_metrics.py", "batchq_after_run.py"]
+
+
+def test_without_metrics_or_hooks_no_helper_is_laid_out_and_metrics_files_go():
+    files = planned(PLAIN, settings={"metrics": False})["files"]
+    assert not [e for e in files if "source" in e or e["path"] == "/usr/local/lib/batchq"]
+    assert {e["state"] for e in files} == {"absent"}
+
+
+def test_a_hook_needs_the_after_run_helpers_without_metrics():
+    hooked = dict(PLAIN, on_failure="/usr/bin/logger failed")
+    sources = [e.get("source") for e in planned(hooked, settings={"metrics": False})["files"] if e.get("source")]
+    assert sources == ["batchq_metrics.py", "batchq_after_run.py"]
+
+
+def test_no_consumer_left_lays_out_nothing():
+    assert planned(dict(PLAIN, state="absent"))["files"] == []
+
+
+def test_each_helper_gets_the_text_of_its_source():
+    files = with_texts([{"path": "/x/a", "source": "a", "mode": "0755"}, {"path": "/y", "state": "directory"}],
+                       lambda name: "text of " + name)
+    assert files == [{"path": "/x/a", "mode": "0755", "content": "text of a"}, {"path": "/y", "state": "directory"}]
+
+
+# Units to write: only those whose content differs from the host's
+def test_only_unit_files_the_host_does_not_have_are_written():
+    rendered = {"a.service": "[Service]\n", "b.timer": "[Timer]\n", "c.timer": "[Timer]\nOnBootSec=1\n"}
+    host = {"a.service": digest("[Service]\n"), "b.timer": digest("[Timer]\nold\n")}
+    assert units_to_write(rendered, host) == {"b.timer": "[Timer]\n", "c.timer": "[Timer]\nOnBootSec=1\n"}
+
+
+def test_the_digest_is_the_one_the_host_reports(tmp_path):
+    # the host's side: consumer_preflight hashes the bytes of each unit file
+    text = "[Service]\nEnvironment=\"GREETING=h\u00e9llo \u2603\"\n"
+    (tmp_path / "batchq-x.service").write_bytes(text.encode("utf-8"))
+    assert consumer_preflight.unit_digests(str(tmp_path), ["batchq-*"]) == {"batchq-x.service": digest(text)}
+    assert units_to_write({"batchq-x.service": text}, consumer_preflight.unit_digests(str(tmp_path), ["batchq-*"])) == {}
