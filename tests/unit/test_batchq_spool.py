@@ -443,6 +443,6 @@ def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(top, options,
     enqueue(top, "3")
     env = dict(os.environ, STATE_DIRECTORY=str(top.parent / "state"))
     process = subprocess.run([sys.executable, str(CONSUMER), "--spool", str(top), *options], env=env,
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, check=False)
     assert process.returncode == 2 and "error: %s: must be" % named in process.stderr, process.stderr
     assert len(os.listdir(top / "incoming")) == 3 and os.listdir(top / "claims") == []

@@ -112,11 +112,17 @@ def test_every_problem_of_every_consumer_is_named_at_once():
     assert len(found["problems"]) == 3, found["problems"]
 
 
-@pytest.mark.parametrize("folder", ["relative/dir", "/var/lib/../etc", "/var/lib/node exporter", "/dir/\n", "/a/./b"])
+# consumer_metrics_dir goes into unit file lines as it is: a trailing newline or a tab must not pass
+@pytest.mark.parametrize("folder", ["relative/dir", "/var/lib/../etc", "/var/lib/node exporter", "/dir/\n", "/a/./b",
+                                    "/var/lib/x\ty"])
 def test_a_metrics_folder_systemd_would_read_otherwise_is_refused(folder):
     found = planned(PLAIN, settings={"metrics_dir": folder})["problems"]
     assert len(found) == 1 and found[0].startswith("consumer_metrics_dir: must be an absolute path") \
         and json.dumps(folder) in found[0]
+
+
+def test_a_metrics_folder_of_the_allowed_letters_is_taken():
+    assert planned(PLAIN, settings={"metrics_dir": "/var/lib/prometheus/node_exporter-2.d"})["problems"] == []
 
 
 def test_a_host_with_an_older_systemd_is_refused_naming_both_versions():

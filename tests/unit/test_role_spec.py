@@ -5,7 +5,6 @@ import pathlib
 import re
 import subprocess
 
-import pytest
 import yaml
 
 ROLE = pathlib.Path(__file__).parents[2] / "roles" / "consumer"
@@ -109,28 +108,3 @@ def test_the_runner_writes_the_record_consumer_info_reads():
 
     runner = (ROLE / "files" / "batchq-drain").read_text()
     assert 'BATCH_END = "%s"' % names.BATCH_END in runner
-
-
-@pytest.mark.parametrize("folder, valid", [
-    ("/var/lib/prometheus/node-exporter", True), ("/var/lib/node-exporter\n", False), ("/var/lib/x\ty", False),
-    ("/var/lib/../x", False), ("var/lib", False),
-])
-def test_the_metrics_folder_check_takes_only_what_a_unit_line_can_hold(folder, valid):
-    """consumer_metrics_dir goes into unit file lines as it is: a trailing newline must not pass."""
-    import json
-
-    import jinja2
-    from ansible.plugins.test.core import TestModule
-
-    environment = jinja2.Environment()
-    environment.tests.update(TestModule().tests())
-    environment.filters["to_json"] = json.dumps
-    tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
-    check = next(task for task in tasks if task.get("name", "").startswith("Refuse the host, naming every consumer"))
-    problems = environment.from_string(check["vars"]["_consumer_problems"]).render(
-        consumer_metrics_dir=folder, _consumer_systemd={"refusal": ""}, _consumer_python={"problems": []},
-        _consumer_units=[], _consumer_installed=[],
-        _consumer_answers={"rejected_spans": [], "users": {}, "groups": {}, "missing_paths": []},
-        inventory_hostname="host", _consumer_account="batchq")
-    assert (problems == "") is valid, problems
-    assert valid or problems.startswith("consumer_metrics_dir: must be an absolute path"), problems
