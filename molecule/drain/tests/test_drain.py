@@ -34,7 +34,11 @@ def batches(host, name):
 
 
 def fill(host, name, items):
-    host.check_output("echo %s > /srv/queues/%s && rm -f /srv/queues/%s.failed", str(items), name, name)
+    # under the consumers' lock, as they read and rewrite the count: a write
+    # between a batch's read and its write would be lost, and an emptied queue
+    # would fill again with what that batch left
+    host.check_output("flock /srv/queues/%s sh -c 'echo %s > /srv/queues/%s' && rm -f /srv/queues/%s.failed",
+                      name, str(items), name, name)
 
 
 def left(host, name):
@@ -142,7 +146,7 @@ def start_slow_drain(hosts, items=1000):
     """A drain of 0.3 s batches that outlasts the test; returns how many batches each host had."""
     before = {}
     for host in hosts:
-        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "slow to be idle")
+        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "slow to be idle", explain=lambda: slow_story(host))
         before[host] = len(batches(host, "slow"))
         fill(host, "slow", items)
         kick(host, "batchq-slow.service")
@@ -154,7 +158,13 @@ def start_slow_drain(hosts, items=1000):
 def stop_slow_drain(hosts):
     for host in hosts:
         fill(host, "slow", 0)
-        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "the slow drain to end on an empty queue")
+        wait_for(lambda: idle(host, "batchq-slow.service"), 30, "the slow drain to end on an empty queue",
+                 explain=lambda: slow_story(host))
+
+
+def slow_story(host):
+    """Why slow may still run: the items left, and its journal."""
+    return "; %d items left%s" % (left(host, "slow"), journal(host, "slow"))
 
 
 def test_pause_ends_a_drain_after_its_batch_in_flight_and_resume_goes_on(hosts):

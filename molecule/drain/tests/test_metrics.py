@@ -1,16 +1,11 @@
 """A drain writes its metrics after each batch, not only at the end of the
 run: scraped from the host's node_exporter while the drain goes on."""
 
+from test_drain import fill, left
 from testlib import consumer_series, journal, scrape, show, wait_for
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): none.
 WATCHES = ()
-
-BACKLOG = 75
-
-
-def left(host, name):
-    return int(host.check_output("flock -s /srv/queues/%s cat /srv/queues/%s", name, name))
 
 
 def counts(host, name, unit):
@@ -23,7 +18,7 @@ def test_each_batch_of_a_drain_is_counted_as_it_ends(host):
     wait_for(lambda: show(host, unit, "ActiveState")["ActiveState"] == "inactive", 120,
              "slow to end what an earlier test started", explain=lambda: journal(host, "slow"))
     before = counts(host, "slow", unit)
-    host.check_output("echo 8 > /srv/queues/slow && rm -f /srv/queues/slow.failed")
+    fill(host, "slow", 8)
     host.check_output("systemctl start --no-block %s", unit)
 
     # 0.3 s batches of one item: the count grows while the same run goes on
@@ -49,7 +44,7 @@ def test_each_batch_of_a_drain_is_counted_as_it_ends(host):
 
 
 def test_instances_of_a_drain_share_one_file_with_a_series_each(host):
-    host.check_output("echo 40 > /srv/queues/shared && rm -f /srv/queues/shared.failed")
+    fill(host, "shared", 40)
     host.check_output("systemctl start --no-block batchq-shared@1.service batchq-shared@2.service")
     wait_for(lambda: left(host, "shared") == 0, 60, "the shared queue to empty")
     wanted = {"batchq-shared@1.service", "batchq-shared@2.service"}
