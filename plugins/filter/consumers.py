@@ -65,7 +65,7 @@ def consumer_plan(normalized, answers, settings, host="this host"):
 def consumer_file_texts(files, folder):
     """Each file the plan copies from the role's files folder, with its text."""
     def read(name):
-        with open(os.path.join(folder, name), encoding="utf-8") as handle:
+        with open(os.path.join(folder, name), encoding="utf-8", newline="") as handle:  # byte for byte, as the file lookup read it
             return handle.read()
     return with_texts(files, read)
 

@@ -156,8 +156,9 @@ def with_texts(files, read):
 
 
 def plan(units, answers, settings, host="this host"):
-    """Everything the role does on a host, from the normalised consumers and
-    the consumer_preflight module's answers.
+    """What the role installs on a host, from the normalised consumers and the
+    consumer_preflight module's answers. What to remove is not in it yet:
+    remove.yml and secrets_cleanup.yml decide that from the host's units.
 
     settings: account, prefix, metrics (bool), metrics_dir and helper_dir.
     """

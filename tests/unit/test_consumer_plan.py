@@ -101,7 +101,7 @@ def test_the_role_account_needs_no_entry_yet_it_is_made():
     assert planned(dict(PLAIN, user="batchq", group="batchq"))["problems"] == []
 
 
-def test_a_removed_consumer_is_not_checked_against_the_host():
+def test_a_removed_consumer_needs_neither_its_account_nor_its_command_on_the_host():
     gone = dict(PLAIN, user="ghost", command="/srv/missing", state="absent")
     assert planned(gone)["problems"] == []
 

@@ -171,7 +171,8 @@ def test_two_instances_drain_5000_files_each_once_through_a_timeout_and_poison(h
         assert crashes[-1][2]["failed"] == [crash + "~%d" % MAX_ATTEMPTS], crashes
         # the failing file failed each of its attempts, the last one for good
         attempts = host.check_output("journalctl --no-pager -o cat -u 'batchq-spool@*' | grep -F %s", fail + ": attempt")
-        assert attempts.splitlines() == ["%s: attempt %d failed: file payload asks to fail%s" % (
+        # each line names the error's type, so that a reader tells a job's own error from the spool's
+        assert attempts.splitlines() == ["%s: attempt %d failed: ValueError: file payload asks to fail%s" % (
             fail, n, " (failed for good)" if n == MAX_ATTEMPTS else "") for n in range(1, MAX_ATTEMPTS + 1)], attempts
 
 
