@@ -65,6 +65,7 @@ def questions(units, account):
 
 
 def metrics_dir_problem(folder):
+    """What is wrong with consumer_metrics_dir, or None when nothing is."""
     if METRICS_DIR_RE.match(str(folder)) and not DOT_PART_RE.search(str(folder)):
         return None
     return ("consumer_metrics_dir: must be an absolute path of letters, digits, '_', '.' and '-'"

@@ -36,8 +36,9 @@ def batches(host, name):
 def fill(host, name, items):
     # under the consumers' lock, as they read and rewrite the count: a write
     # between a batch's read and its write would be lost, and an emptied queue
-    # would fill again with what that batch left
-    host.check_output("flock /srv/queues/%s sh -c 'echo %s > /srv/queues/%s' && rm -f /srv/queues/%s.failed",
+    # would fill again with what that batch left. The marker of a failure
+    # done goes under the lock too: the probe decides to fail under it.
+    host.check_output("flock /srv/queues/%s sh -c 'echo %s > /srv/queues/%s && rm -f /srv/queues/%s.failed'",
                       name, str(items), name, name)
 
 
