@@ -122,7 +122,8 @@ pgqueue: $(VENV)/.installed images
 # against an in-memory queue, a strict fake of SQS and a moto server on 127.0.0.1.
 # No bytecode nor pytest cache is left in the tree; hypothesis keeps no database.
 queues: $(QUEUES_VENV)/.installed
-	$(QUEUES_VENV)/bin/pyflakes examples/queue_library tests/queues
+	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue tests/queues \
+	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue
 	PYTHONDONTWRITEBYTECODE=1 $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
