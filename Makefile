@@ -120,11 +120,12 @@ pgqueue: $(VENV)/.installed images
 
 # The queue library and the SQS example (examples/queue_library, examples/sqs_queue)
 # against an in-memory queue, a strict fake of SQS and a moto server on 127.0.0.1.
-# No bytecode nor pytest cache is left in the tree; hypothesis keeps no database.
+# No bytecode nor pytest cache is left in the tree; hypothesis keeps its files below CACHE.
 queues: $(QUEUES_VENV)/.installed
 	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue tests/queues \
 	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue
-	PYTHONDONTWRITEBYTECODE=1 $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
+	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
+	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
 rules:
