@@ -37,7 +37,10 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
   before they could tell) is dead before any work.
 - A result is applied once: the backend's done() must see to that.
 - No new job starts after SIGTERM or after --max-seconds. The jobs not
-  started go back to the queue (release).
+  started go back to the queue (release). They keep the attempt: SQS
+  cannot give one back. So a job that is released in --max-attempts
+  batches in a row is dead without work: give --max-seconds room for a
+  whole batch, so that it ends a batch early only when something is wrong.
 
 Exit codes: 0 when the batch took nothing, or less than a full batch and
 nothing more waits. --backlog-exit-code (75) when it did at least one job
@@ -77,7 +80,7 @@ class QueueError(Exception):
     """The queue failed (not one job's work): the batch exits 1."""
 
 
-class Job(object):
+class Job:
     """One claimed job. id is stable across deliveries. attempts counts this one.
     group is the job's ordering group (an SQS FIFO group), or None.
     handle is the backend's own (a receipt handle, a row id)."""
@@ -93,7 +96,7 @@ class Job(object):
         return "Job(%r, attempts=%d)" % (self.id, self.attempts)
 
 
-class Backend(object):
+class Backend:
     """What a queue implements. Each method raises QueueError when the queue fails."""
 
     def claim(self, limit):
@@ -144,7 +147,7 @@ def error_text(exc):
     """What a job's failure says, whatever its class and text."""
     try:
         text = "%s: %s" % (type(exc).__name__, exc)
-    except Exception:  # a __str__ that fails itself
+    except Exception:  # pylint: disable=broad-except  # a __str__ that fails itself
         text = type(exc).__name__
     return clean_text(text)
 
@@ -222,8 +225,10 @@ def stand_in(args):
             payload = None
         if isinstance(payload, dict):
             if payload.get("crash"):
-                import resource
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a stand-in: no core file
+                import faulthandler  # pylint: disable=import-outside-toplevel
+                import resource  # pylint: disable=import-outside-toplevel
+                faulthandler.disable()  # a stand-in crash: no stack dump, no core file
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 os.kill(os.getpid(), signal.SIGSEGV)
             if payload.get("raise"):
                 raise ValueError("job payload asks to raise")
@@ -255,11 +260,11 @@ def _child(process, job, reports):
             else:
                 json.loads(text)  # a lone surrogate, say, would fail here rather than in the store
                 report = ["done", text.encode("utf-8").decode("utf-8")]
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the job's, not the batch's
+        except BaseException as exc:  # pylint: disable=broad-except  # SystemExit too: the job's, not the batch's
             report = ["failed", error_text(exc)]
         flush_stdio()
         write_all(reports, (json.dumps(report) + "\n").encode())
-    except BaseException:  # a report that cannot be made: the parent sees no report and fails the job
+    except BaseException:  # pylint: disable=broad-except  # no report: the parent fails the job
         with contextlib.suppress(Exception):
             traceback.print_exc()
         status = 1

@@ -54,6 +54,11 @@ import sys
 import tempfile
 import time
 
+import boto3
+import botocore.session
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
 import batchq_queue
 
 # SQS's own limits.
@@ -95,10 +100,13 @@ def aws_credentials(directory, profile):
     if not os.path.exists(path):
         return None
     parser = configparser.ConfigParser(interpolation=None)
-    parser.read(path)
-    section = parser[profile]
-    keys = {"aws_access_key_id": section["aws_access_key_id"],
-            "aws_secret_access_key": section["aws_secret_access_key"]}
+    try:
+        parser.read(path)
+        section = parser[profile]
+        keys = {"aws_access_key_id": section["aws_access_key_id"],
+                "aws_secret_access_key": section["aws_secret_access_key"]}
+    except (configparser.Error, KeyError) as exc:
+        raise ValueError("the credential aws has no keys for profile %s: %s" % (profile, type(exc).__name__))
     if section.get("aws_session_token"):
         keys["aws_session_token"] = section["aws_session_token"]
     return keys
@@ -106,8 +114,6 @@ def aws_credentials(directory, profile):
 
 def session(args, environ=os.environ):
     """A boto3 session whose credentials never come from the environment."""
-    import boto3
-    import botocore.session
     core = botocore.session.Session()
     core.get_component("credential_provider").remove("env")
     keys = aws_credentials(environ.get("CREDENTIALS_DIRECTORY"), args.profile)
@@ -117,7 +123,6 @@ def session(args, environ=os.environ):
 
 
 def client(args):
-    from botocore.config import Config
     config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10,
                     read_timeout=MOST_WAIT + 10)
     return session(args).client("sqs", endpoint_url=args.endpoint_url, config=config)
@@ -126,7 +131,12 @@ def client(args):
 def backend(args):
     """The backend of the options; exits 2 when the queue lacks a fitting redrive policy."""
     results = args.results or os.path.join(os.environ["STATE_DIRECTORY"].split(":")[0], "results")
-    sqs = SQSBackend(client(args), args.queue_url, results, args.visibility_timeout, args.wait_seconds)
+    try:
+        sqs_client = client(args)
+    except ValueError as exc:  # a credential file without the keys: a setting to fix, not an outage
+        print("batchq-sqs: error: %s" % exc, file=sys.stderr)
+        sys.exit(2)
+    sqs = SQSBackend(sqs_client, args.queue_url, results, args.visibility_timeout, args.wait_seconds)
     try:
         problem = sqs.setup(args.max_attempts)
     except batchq_queue.QueueError as exc:
@@ -166,7 +176,6 @@ class SQSBackend(batchq_queue.Backend):
         self.deletes = []      # message ids to delete at finish
 
     def call(self, name, **params):
-        from botocore.exceptions import BotoCoreError, ClientError
         try:
             return getattr(self.sqs, name)(**params)
         except (BotoCoreError, ClientError) as exc:

@@ -31,7 +31,7 @@ def error(code, operation, message=""):
     return ClientError({"Error": {"Code": code, "Message": message or code}}, operation)
 
 
-class Message(object):
+class Message:
     def __init__(self, number, body, group, attributes):
         self.id = "00000000-0000-4000-8000-%012d" % number
         self.number = number
@@ -43,7 +43,7 @@ class Message(object):
         self.handle = None
 
 
-class Queue(object):
+class Queue:
     def __init__(self, name, fifo, redrive):
         self.name = name
         self.fifo = fifo
@@ -51,7 +51,7 @@ class Queue(object):
         self.messages = []
 
 
-class FakeSQS(object):
+class FakeSQS:
     """The client methods batchq_sqs calls. ms is the clock, in milliseconds; now() in seconds."""
 
     def __init__(self):

@@ -13,6 +13,15 @@ import batchq_queue
 from batchq_queue import MemoryBackend
 
 
+@pytest.fixture(autouse=True)
+def sigterm_handler_restored():
+    """main() installs its SIGTERM handler: the next test gets pytest's back."""
+    old = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, old)
+    batchq_queue.TERM["asked"] = False
+
+
 def options(**changes):
     parser = argparse.ArgumentParser()
     batchq_queue.add_common_options(parser)
@@ -205,3 +214,24 @@ def test_a_queue_that_fails_at_done_is_exit_1_and_keeps_the_attempt():
     backend = LosesResults(["a"])
     assert run(backend, ok) == 1
     assert backend.jobs[0]["attempts"] == 1
+
+
+def test_an_outage_fails_every_job_and_exits_1_not_75(tmp_path):
+    down = tmp_path / "down"
+    down.touch()
+    backend = MemoryBackend(['{"n": %d}' % n for n in range(3)])
+    argv = ["--fail-while", str(down), "--limit", "3", "--backoff-min", "0", "--backoff-max", "0"]
+    assert batchq_queue.main(argv, None, make_backend=lambda args: backend) == 1
+    assert [job["attempts"] for job in backend.jobs.values()] == [1, 1, 1]
+    assert all("is down" in job["error"] for job in backend.jobs.values())
+    down.unlink()
+    assert batchq_queue.main(argv, None, make_backend=lambda args: backend) == 75  # a full batch: more may wait
+    assert states(backend) == ["done"] * 3
+    assert batchq_queue.main(argv, None, make_backend=lambda args: backend) == 0
+
+
+def test_the_stand_in_crashes_and_raises_on_request():
+    backend = MemoryBackend(['{"crash": true}', '{"raise": true}', "not json", '{"n": 1}'])
+    assert batchq_queue.main(["--max-attempts", "1"], None, make_backend=lambda args: backend) == 0
+    assert states(backend) == ["dead", "dead", "done", "done"]
+    assert "SIGSEGV" in backend.jobs[0]["error"] and "ValueError" in backend.jobs[1]["error"]

@@ -229,3 +229,12 @@ def test_credentials_come_from_the_systemd_credential(credentials, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-the-environment")
     args = argparse.Namespace(region="eu-west-1", profile="default")
     assert batchq_sqs.session(args).get_credentials().access_key == "testing"
+
+
+def test_a_credential_file_without_keys_exits_2(tmp_path, credentials):
+    (credentials / "aws").write_text("[other]\naws_access_key_id = x\n")
+    done = subprocess.run([sys.executable, os.path.join(SQS, "batchq-sqs"), "--queue-url", "http://127.0.0.1:9/q",
+                           "--endpoint-url", "http://127.0.0.1:9", "--region", "eu-west-1", "--results", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "profile default" in done.stderr
