@@ -201,7 +201,8 @@ def option_problem(args):
          "0 to %d seconds" % MOST_BACKOFF),
         ("--backoff-max", finite(args.backoff_max) and args.backoff_min <= args.backoff_max <= MOST_BACKOFF,
          "from --backoff-min to %d seconds" % MOST_BACKOFF),
-        ("--job-timeout", finite(args.job_timeout) and 0 < args.job_timeout <= 86400, "more than 0 seconds, at most a day"),
+        ("--job-timeout", finite(args.job_timeout) and 0 < args.job_timeout <= 86400,
+         "more than 0 seconds, at most a day"),
         ("--max-seconds", finite(args.max_seconds) and args.max_seconds >= 0, "0 (no limit) or more seconds"),
         ("--backlog-exit-code", 3 <= args.backlog_exit_code <= 125, "an exit code from 3 to 125"),
         ("--work-ms", finite(args.work_ms) and 0 <= args.work_ms <= 86400000, "0 or more milliseconds"),
@@ -295,7 +296,7 @@ def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
             if left <= 0:
                 outcome = ("failed", "its work outlasted --job-timeout (%gs)" % timeout)
                 break
-            ready, _, _ = select.select([read_end], [], [], min(left, heartbeat))
+            ready, _writable, _errors = select.select([read_end], [], [], min(left, heartbeat))
             keep_alive()
             if not ready:
                 continue
@@ -310,7 +311,7 @@ def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
         os.close(read_end)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # what the job left running goes too
-        _, status = os.waitpid(pid, 0)
+        _pid, status = os.waitpid(pid, 0)
     if outcome:
         return outcome
     try:

@@ -112,8 +112,9 @@ def aws_credentials(directory, profile):
     return keys
 
 
-def session(args, environ=os.environ):
+def session(args, environ=None):
     """A boto3 session whose credentials never come from the environment."""
+    environ = os.environ if environ is None else environ
     core = botocore.session.Session()
     core.get_component("credential_provider").remove("env")
     keys = aws_credentials(environ.get("CREDENTIALS_DIRECTORY"), args.profile)

@@ -43,7 +43,7 @@ def moto_url(tmp_path_factory):
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = "http://127.0.0.1:%d" % port
     try:
-        for _ in range(200):
+        for _round in range(200):
             try:
                 urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
                 break

@@ -136,7 +136,7 @@ def test_clean_text_cleans_once():
 
 def test_dead_after_exactly_max_attempts_and_the_rest_unharmed():
     backend = MemoryBackend(["nul", "a", "b"])
-    codes = [run(backend, crash, max_attempts=3) for _ in range(4)]
+    codes = [run(backend, crash, max_attempts=3) for _round in range(4)]
     assert states(backend) == ["dead", "done", "done"]
     assert backend.jobs[0]["attempts"] == 3
     assert codes == [75, 1, 1, 0]  # job 0 is due again at once: backoff 0

@@ -166,7 +166,8 @@ def test_on_sqs(moto_url):
 
             def empty():
                 attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-                return attributes["ApproximateNumberOfMessages"] == attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+                counts = (attributes["ApproximateNumberOfMessages"], attributes["ApproximateNumberOfMessagesNotVisible"])
+                return counts == ("0", "0")
 
             drain(backend, jobs, options(case["limit"], max_attempts), log, empty)
             results = sorted(json.load(open(os.path.join(folder, "results", name)))["i"]
