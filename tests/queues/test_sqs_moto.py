@@ -3,8 +3,10 @@
 dead-letter queue after exactly --max-attempts; a queue without a fitting
 redrive policy is refused at start."""
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -12,7 +14,7 @@ import uuid
 import boto3
 import pytest
 
-from conftest import SQS
+from conftest import SQS, TOP
 
 REGION = "us-east-1"
 
@@ -109,3 +111,29 @@ def test_an_unreachable_queue_is_exit_1(moto_url, tmp_path, credentials):
     batch = program("batchq-sqs", "--queue-url", moto_url + "/123456789012/missing", "--results", tmp_path,
                     moto_url=moto_url)
     assert batch.returncode == 1, batch.stderr
+
+
+def test_the_guides_consumer_runs_as_written(sqs, moto_url, tmp_path):
+    """The 15-line consumer of the writing guide ("An SQS queue"), with the two modules copied where it looks."""
+    guide = open(os.path.join(TOP, "docs", "docsite", "rst", "guide_writing.rst"), encoding="utf-8").read()
+    section = guide.split("An SQS queue\n====")[1]
+    block = section.split(".. code-block:: python\n\n")[1].split("\n\n.. ")[0]
+    code = "\n".join(line[3:] for line in block.splitlines())
+    assert 12 <= len(code.splitlines()) <= 16
+    library = tmp_path / "lib"
+    library.mkdir()
+    shutil.copy(os.path.join(TOP, "examples", "queue_library", "batchq_queue.py"), library)
+    shutil.copy(os.path.join(SQS, "batchq_sqs.py"), library)
+    assert '"/usr/local/lib/batchq"' in code
+    consumer = tmp_path / "consumer"
+    consumer.write_text(code.replace('"/usr/local/lib/batchq"', repr(str(library))))
+    url, _dlq = make_queues(sqs, max_receive=6)  # above the default --max-attempts, 5
+    sqs.send_message(QueueUrl=url, MessageBody="hello")
+    done = subprocess.run([sys.executable, str(consumer), "--queue-url", url, "--endpoint-url", moto_url,
+                           "--region", REGION, "--results", str(tmp_path / "results"), "--wait-seconds", "1"],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result, = os.listdir(tmp_path / "results")
+    assert json.loads((tmp_path / "results" / result).read_text()) == {
+        "sha256": hashlib.sha256(b"hello").hexdigest()}
+    assert left(sqs, url) == 0
