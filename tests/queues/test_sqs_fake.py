@@ -5,6 +5,7 @@ the redrive policy and credentials."""
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -238,3 +239,26 @@ def test_a_credential_file_without_keys_exits_2(tmp_path, credentials):
                           capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "profile default" in done.stderr
+
+
+def test_sigterm_sends_the_messages_not_started_back_at_once(tmp_path):
+    fake, url = queue()
+    messages = [fake.add(url, str(n)) for n in range(3)]
+
+    def stop(job):
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(0.2)  # the batch's handler runs
+        return ok(job)
+
+    old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
+    try:
+        code = run(fake, url, tmp_path, stop)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        batchq_queue.TERM["asked"] = False
+    assert code == 75
+    assert fake.bodies(url) == ["1", "2"]
+    assert not any(fake.in_flight(message) for message in messages[1:])  # visible again now, not after a timeout
+    released = [entry for params in calls(fake, "ChangeMessageVisibilityBatch") for entry in params["Entries"]
+                if entry["VisibilityTimeout"] == 0]
+    assert len(released) == 2
