@@ -3,6 +3,8 @@ DeleteMessageBatch's Failed entries, FIFO groups, empty queues, options,
 the redrive policy and credentials."""
 
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import os
 import signal
@@ -11,6 +13,7 @@ import sys
 import time
 
 import pytest
+from botocore.exceptions import ClientError
 
 import batchq_queue
 import batchq_sqs
@@ -262,3 +265,33 @@ def test_sigterm_sends_the_messages_not_started_back_at_once(tmp_path):
     released = [entry for params in calls(fake, "ChangeMessageVisibilityBatch") for entry in params["Entries"]
                 if entry["VisibilityTimeout"] == 0]
     assert len(released) == 2
+
+
+def test_the_fake_is_strict():
+    fake, url = queue()
+    fake.add(url, "a")
+    first = fake.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=1)["Messages"][0]
+    with pytest.raises(AssertionError):
+        fake.receive_message(QueueUrl=url, MaxNumberOfMessages="10")  # botocore's model wants an integer
+    with pytest.raises(AssertionError):
+        fake.receive_message(QueueUrl=url, MaxNumberOfMessages=11)
+    fake.advance(1.001)
+    second = fake.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"][0]
+    with pytest.raises(ClientError, match="ReceiptHandleIsInvalid"):
+        fake.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=5)
+    fake.advance(1.001)  # one millisecond past its visibility: no longer in flight
+    with pytest.raises(ClientError, match="MessageNotInflight"):
+        fake.change_message_visibility(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=5)
+
+
+def test_enqueue_spreads_poison_jobs_one_kind_a_job():
+    loader = importlib.machinery.SourceFileLoader("enqueue", os.path.join(SQS, "batchq-sqs-enqueue"))
+    enqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(enqueue)
+    for count, crashing, raising in [(10, 2, 3), (3, 3, 0), (5, 2, 3), (100, 7, 1)]:
+        chosen = enqueue.faults(count, crashing, raising)
+        assert sorted(chosen.values()) == ["crash"] * crashing + ["raise"] * raising
+        assert all(1 <= n <= count for n in chosen)
+    bodies = dict(enqueue.bodies(4, 1, 1))
+    assert [json.loads(body) for body in bodies.values()] == [
+        {"n": 1, "crash": True}, {"n": 2}, {"n": 3, "raise": True}, {"n": 4}]
