@@ -11,6 +11,8 @@ VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
 # The docs site's tools (antsibull-docs, Sphinx, matplotlib) in a venv of their own.
 DOCS_VENV ?= $(CACHE)/docs-venv
+# The queue examples' tests (requirements/queues.txt: boto3, moto, hypothesis) in a venv of their own.
+QUEUES_VENV ?= $(CACHE)/queues-venv
 SCENARIOS ?= default info faults drain fleet
 # The controller for ansible-core 2.20 and later, which need Python 3.12+.
 CONTROLLER_IMAGE ?= batchq/controller:trixie
@@ -26,7 +28,7 @@ export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
 export DOCS_VENV
 
-.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue rules molecule images controller-image engine collection docs-collection clean
+.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue queues rules molecule images controller-image engine collection docs-collection clean
 
 # lint and the alert rules once, while the images build; unit, sanity and
 # molecule under every supported ansible-core (tools/matrix.sh).
@@ -47,6 +49,11 @@ demo-down: $(VENV)/.installed
 $(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r $(REQUIREMENTS)
+	touch $@
+
+$(QUEUES_VENV)/.installed: requirements/queues.txt
+	$(PYTHON) -m venv $(QUEUES_VENV)
+	$(QUEUES_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/queues.txt
 	touch $@
 
 $(DOCS_VENV)/.installed: requirements/docs.txt
@@ -110,6 +117,15 @@ unit: collection
 # container of the fleet's image; clients with psycopg2 and psycopg 3), no systemd.
 pgqueue: $(VENV)/.installed images
 	pytest tests/pgqueue
+
+# The queue library and the SQS example (examples/queue_library, examples/sqs_queue)
+# against an in-memory queue, a strict fake of SQS and a moto server on 127.0.0.1.
+# No bytecode nor pytest cache is left in the tree; hypothesis keeps its files below CACHE.
+queues: $(QUEUES_VENV)/.installed
+	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue tests/queues \
+	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue
+	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
+	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
 rules:

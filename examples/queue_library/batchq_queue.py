@@ -1,0 +1,478 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The consumer contract in one module: one batch of a queue, then exit.
+
+Python 3.9+, standard library only. A queue plugs in as a Backend; you
+write one function, process(job). A complete consumer of an SQS queue:
+
+    #!/usr/bin/python3
+    import hashlib
+    import sys
+    sys.path.insert(0, "/usr/local/lib/batchq")   # where batchq_queue.py is
+    import batchq_queue
+    import batchq_sqs                               # examples/sqs_queue/batchq-sqs
+
+    def process(job):
+        # job.payload is the message body as text. Raise to fail the job.
+        # Return anything JSON can hold: it is the job's result.
+        return {"sha256": hashlib.sha256(job.payload.encode()).hexdigest()}
+
+    if __name__ == "__main__":
+        sys.exit(batchq_queue.main(sys.argv[1:], process, batchq_sqs.add_options,
+                                   batchq_sqs.backend, batchq_sqs.check))
+
+The contract (the same as batchq-spool's and batchq-pgqueue's):
+- A batch claims at most --limit jobs. The backend counts each job's
+  attempt when it claims it, before any work. An attempt is never given
+  back, so every path that ends a batch early is bounded.
+- Each job runs process(job) in a child process of its own, with
+  --job-timeout. A crash (SIGSEGV), sys.exit(), a hang, an error of any
+  class or text, or a result JSON cannot hold fails that job alone.
+- A failed job waits a backoff before it is due again: --backoff-min
+  doubling per attempt up to --backoff-max, the upper half of it at random
+  (jitter, so jobs that failed together do not come back together).
+- A job that fails its --max-attempts-th attempt is dead. A job claimed
+  with more attempts than that (the batches of its earlier attempts died
+  before they could tell) is dead before any work.
+- A result is applied once: the backend's done() must see to that.
+- No new job starts after SIGTERM or after --max-seconds. The jobs not
+  started go back to the queue (release). They keep the attempt: SQS
+  cannot give one back. So a job that is released in --max-attempts
+  batches in a row is dead without work: give --max-seconds room for a
+  whole batch, so that it ends a batch early only when something is wrong.
+
+Exit codes: 0 when the batch took nothing, or less than a full batch and
+nothing more waits. --backlog-exit-code (75) when it did at least one job
+and more work waits. 1 when it claimed jobs and did none (an outage is a
+failure, not a backlog), or the queue failed (claim, or recording an
+outcome). 2 for a bad option, before anything is claimed.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import select
+import signal
+import sys
+import time
+import traceback
+
+# Error texts are cut to this many characters.
+ERROR_CHARS = 2000
+# A result's JSON text may have at most this many bytes.
+RESULT_BYTES = 1 << 20
+# A report from a job's child larger than this fails the job.
+REPORT_BYTES = RESULT_BYTES + 4 * ERROR_CHARS + 1024
+MOST_ATTEMPTS = 1000
+# The longest backoff, in seconds: 2**64 seconds would overflow nothing,
+# but a queue cannot hold such a delay. Backends cap it lower (SQS: 12 h).
+MOST_BACKOFF = 7 * 24 * 3600.0
+# How often, in seconds, the batch asks the backend to keep its jobs claimed.
+HEARTBEAT = 1.0
+TERM = {"asked": False}
+
+
+class QueueError(Exception):
+    """The queue failed (not one job's work): the batch exits 1."""
+
+
+class Job:
+    """One claimed job. id is stable across deliveries. attempts counts this one.
+    group is the job's ordering group (an SQS FIFO group), or None.
+    handle is the backend's own (a receipt handle, a row id)."""
+
+    def __init__(self, job_id, payload, attempts, handle=None, group=None):
+        self.id = job_id
+        self.payload = payload
+        self.attempts = attempts
+        self.handle = handle
+        self.group = group
+
+    def __repr__(self):
+        return "Job(%r, attempts=%d)" % (self.id, self.attempts)
+
+
+class Backend:
+    """What a queue implements. Each method raises QueueError when the queue fails."""
+
+    def claim(self, limit):
+        """Up to limit jobs, each with its attempt counted. [] only when the queue is empty."""
+        raise NotImplementedError
+
+    def has_result(self, job):
+        """True when the job's result was applied already (a second delivery): it is acked, not run."""
+        return False
+
+    def keep_alive(self, jobs):
+        """Called about every HEARTBEAT seconds while jobs are held: keep them claimed."""
+
+    def done(self, job, result):
+        """Apply the result (JSON text, or None when has_result was True) once, and remove the job."""
+        raise NotImplementedError
+
+    def failed(self, job, error, delay):
+        """The job's attempt failed: due again in delay seconds."""
+        raise NotImplementedError
+
+    def dead(self, job, error):
+        """The job used its last attempt: off the queue, kept for a person."""
+        raise NotImplementedError
+
+    def release(self, jobs):
+        """Jobs claimed but not started go back, due now. Their attempt stays counted."""
+
+    def finish(self):
+        """The batch is over: flush what is buffered."""
+
+    def more(self):
+        """True when more due work waits (a hint; a full batch counts as more already)."""
+        return False
+
+
+def clean_text(text):
+    """text as UTF-8 and every store can hold it: NUL and lone surrogates as escapes, cut to ERROR_CHARS.
+    Cleaning twice changes nothing more."""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= ERROR_CHARS:
+        return text
+    said = "... (%d characters)" % len(text)
+    return text[:ERROR_CHARS - len(said)] + said
+
+
+def error_text(exc):
+    """What a job's failure says, whatever its class and text."""
+    try:
+        text = "%s: %s" % (type(exc).__name__, exc)
+    except Exception:  # pylint: disable=broad-except  # a __str__ that fails itself
+        text = type(exc).__name__
+    return clean_text(text)
+
+
+def backoff(attempts, low, high, uniform=random.uniform):
+    """Seconds a job waits after its attempts-th failed attempt: low doubling
+    per attempt up to high, the upper half of that span at random."""
+    span = min(high, low * 2.0 ** min(max(attempts - 1, 0), 64))  # the exponent is bounded: no overflow
+    return span / 2.0 + uniform(0.0, span / 2.0)
+
+
+def exit_code(claimed, done, failed, error, more, backlog):
+    """The batch's exit status. failed counts failed and dead jobs; more is True when work is left."""
+    if error or (claimed and not done and failed):
+        return 1  # an outage is a failure, not a backlog
+    return backlog if done and more else 0
+
+
+def death(status):
+    """What ended a child process, from its wait status."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            return "killed by %s" % signal.Signals(number).name
+        except ValueError:  # a real-time signal has no name
+            return "killed by signal %d" % number
+    return "ended with status %d" % os.WEXITSTATUS(status)
+
+
+def add_common_options(parser):
+    parser.add_argument("--limit", type=int, default=100, help="jobs a batch claims at most")
+    parser.add_argument("--max-attempts", type=int, default=5, help="attempts before a job is dead")
+    parser.add_argument("--backoff-min", type=float, default=10.0, help="seconds after a first failure")
+    parser.add_argument("--backoff-max", type=float, default=3600.0, help="the longest backoff, in seconds")
+    parser.add_argument("--job-timeout", type=float, default=300.0, help="seconds a job may run")
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="no new job after this many seconds (0: no limit)")
+    parser.add_argument("--backlog-exit-code", type=int, default=75, help="the consumer's backlog_exit_code")
+    parser.add_argument("--work-ms", type=float, default=0.0, help="the stand-in's work per job")
+    parser.add_argument("--fail-while", metavar="PATH",
+                        help="the stand-in fails every job while PATH exists (an outage)")
+
+
+def option_problem(args):
+    """What is wrong with the common options, naming the first one at fault; None when nothing is."""
+    finite = math.isfinite  # a comparison with nan is always false, and inf is no span
+    checks = [
+        ("--limit", 1 <= args.limit <= 100000, "a number of jobs from 1 to 100000"),
+        ("--max-attempts", 1 <= args.max_attempts <= MOST_ATTEMPTS, "from 1 to %d" % MOST_ATTEMPTS),
+        ("--backoff-min", finite(args.backoff_min) and 0 <= args.backoff_min <= MOST_BACKOFF,
+         "0 to %d seconds" % MOST_BACKOFF),
+        ("--backoff-max", finite(args.backoff_max) and args.backoff_min <= args.backoff_max <= MOST_BACKOFF,
+         "from --backoff-min to %d seconds" % MOST_BACKOFF),
+        ("--job-timeout", finite(args.job_timeout) and 0 < args.job_timeout <= 86400,
+         "more than 0 seconds, at most a day"),
+        ("--max-seconds", finite(args.max_seconds) and args.max_seconds >= 0, "0 (no limit) or more seconds"),
+        ("--backlog-exit-code", 3 <= args.backlog_exit_code <= 125, "an exit code from 3 to 125"),
+        ("--work-ms", finite(args.work_ms) and 0 <= args.work_ms <= 86400000, "0 or more milliseconds"),
+    ]
+    for option, good, wanted in checks:
+        if not good:
+            return "%s: must be %s, got %s" % (option, wanted, getattr(args, option[2:].replace("-", "_")))
+    return None
+
+
+def stand_in(args):
+    """The example's process(job): waits --work-ms, fails while --fail-while exists, and obeys the
+    payload's faults when it is a JSON object: {"crash": true} SIGSEGV, {"raise": true} raises."""
+    def process(job):
+        time.sleep(args.work_ms / 1000.0)
+        if args.fail_while and os.path.exists(args.fail_while):
+            raise ConnectionError("the service this job calls is down (%s exists)" % args.fail_while)
+        try:
+            payload = json.loads(job.payload)
+        except (TypeError, ValueError):
+            payload = None
+        if isinstance(payload, dict):
+            if payload.get("crash"):
+                import faulthandler  # pylint: disable=import-outside-toplevel
+                import resource  # pylint: disable=import-outside-toplevel
+                faulthandler.disable()  # a stand-in crash: no stack dump, no core file
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if payload.get("raise"):
+                raise ValueError("job payload asks to raise")
+        return {"job": str(job.id), "bytes": len(str(job.payload))}
+    return process
+
+
+def flush_stdio():
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def write_all(descriptor, data):
+    while data:
+        data = data[os.write(descriptor, data):]
+
+
+def _child(process, job, reports):
+    """In the child: one report line, then exit. Never returns."""
+    status = 0
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            result = process(job)
+            text = json.dumps(result, allow_nan=False)
+            if len(text.encode("utf-8", "surrogatepass")) > RESULT_BYTES:
+                report = ["failed", "its result has more than %d bytes" % RESULT_BYTES]
+            else:
+                json.loads(text)  # a lone surrogate, say, would fail here rather than in the store
+                report = ["done", text.encode("utf-8").decode("utf-8")]
+        except BaseException as exc:  # pylint: disable=broad-except  # SystemExit too: the job's, not the batch's
+            report = ["failed", error_text(exc)]
+        flush_stdio()
+        write_all(reports, (json.dumps(report) + "\n").encode())
+    except BaseException:  # pylint: disable=broad-except  # no report: the parent fails the job
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+        status = 1
+    finally:
+        flush_stdio()
+        os._exit(status)  # no atexit handlers, no buffers of the parent written twice
+
+
+def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
+    """("done", result JSON text) or ("failed", error) of process(job) run in a child process."""
+    flush_stdio()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # a group of its own: a hung job is killed with what it started
+        _child(process, job, write_end)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
+    os.close(write_end)
+    started = time.monotonic()
+    data = b""
+    outcome = None
+    try:
+        while True:
+            left = started + timeout - time.monotonic()
+            if left <= 0:
+                outcome = ("failed", "its work outlasted --job-timeout (%gs)" % timeout)
+                break
+            ready, _writable, _errors = select.select([read_end], [], [], min(left, heartbeat))
+            keep_alive()
+            if not ready:
+                continue
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > REPORT_BYTES:
+                outcome = ("failed", "its report had more than %d bytes" % REPORT_BYTES)
+                break
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # what the job left running goes too
+        _pid, status = os.waitpid(pid, 0)
+    if outcome:
+        return outcome
+    try:
+        kind, text = json.loads(data.decode("utf-8"))
+        if kind in ("done", "failed") and isinstance(text, str):
+            return (kind, text)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return ("failed", "its work's process was %s before it reported" % death(status))
+
+
+def run_batch(backend, process, args, clock=time.monotonic, uniform=random.uniform):
+    """One batch; returns its exit code. Never raises QueueError."""
+    start = clock()
+    counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "released": 0}
+    errors = []
+    try:
+        jobs = backend.claim(args.limit)
+    except QueueError as exc:
+        print("batchq: the queue failed at the claim: %s" % clean_text(str(exc)), file=sys.stderr)
+        return 1
+    counts["claimed"] = len(jobs)
+    held = list(jobs)
+    # A FIFO group whose job failed holds the rest of its jobs in this batch: they go back unstarted.
+    blocked = set()
+
+    def keep_alive():
+        try:
+            backend.keep_alive(held)
+        except QueueError as exc:
+            errors.append("keep_alive: %s" % clean_text(str(exc)))
+
+    def outcome(call, *values):
+        try:
+            call(*values)
+            return True
+        except QueueError as exc:
+            errors.append("%s: %s" % (call.__name__, clean_text(str(exc))))
+            return False
+
+    unstarted = []
+    for job in jobs:
+        late = TERM["asked"] or (args.max_seconds and clock() - start >= args.max_seconds)
+        if late or (job.group is not None and job.group in blocked):
+            unstarted.append(job)
+            continue
+        if job.attempts > args.max_attempts:
+            # Its earlier attempts' batches died before they could tell.
+            outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
+                    % (job.attempts - 1, args.max_attempts))
+            counts["dead"] += 1
+        elif backend.has_result(job):
+            if outcome(backend.done, job, None):
+                counts["done"] += 1
+        else:
+            kind, text = run_job(process, job, args.job_timeout, keep_alive)
+            if kind == "done":
+                if outcome(backend.done, job, text):
+                    counts["done"] += 1
+            else:
+                print("batchq: job %s attempt %d failed: %s" % (job.id, job.attempts, text), file=sys.stderr)
+                if job.group is not None:
+                    blocked.add(job.group)
+                if job.attempts >= args.max_attempts:
+                    outcome(backend.dead, job, text)
+                    counts["dead"] += 1
+                else:
+                    outcome(backend.failed, job, text,
+                            backoff(job.attempts, args.backoff_min, args.backoff_max, uniform))
+                    counts["failed"] += 1
+        held.remove(job)
+    if unstarted:
+        counts["released"] = len(unstarted)
+        outcome(backend.release, unstarted)
+    outcome(backend.finish)
+    more = bool(unstarted) or len(jobs) >= args.limit
+    if not more and not errors:
+        try:
+            more = backend.more()
+        except QueueError as exc:
+            errors.append("more: %s" % clean_text(str(exc)))
+    for error in errors:
+        print("batchq: the queue failed: %s" % error, file=sys.stderr)
+    code = exit_code(counts["claimed"], counts["done"], counts["failed"] + counts["dead"], errors, more,
+                     args.backlog_exit_code)
+    print("batchq: batch %s, exit %d" % (json.dumps(counts, sort_keys=True), code), file=sys.stderr)
+    return code
+
+
+def on_sigterm(_signum, _frame):
+    TERM["asked"] = True
+
+
+def main(argv, process, add_options=None, make_backend=None, check=None, description=None):
+    """Parse argv, make the backend, run one batch: the exit code. process(job) may be
+    None for the stand-in. check(args) says what is wrong with the backend's own options.
+    make_backend(args) may exit 2 itself on a bad queue setting, before any claim."""
+    parser = argparse.ArgumentParser(description=description)
+    add_common_options(parser)
+    if add_options:
+        add_options(parser)
+    args = parser.parse_args(argv)
+    problem = option_problem(args)
+    if problem is None and check:
+        problem = check(args)
+    if problem:
+        parser.exit(2, "%s: error: %s\n" % (parser.prog, problem))
+    signal.signal(signal.SIGTERM, on_sigterm)
+    backend = make_backend(args)
+    return run_batch(backend, process or stand_in(args), args)
+
+
+class MemoryBackend(Backend):
+    """A queue in memory, for tests: the jobs' states, attempts and results, and every call made.
+    now() is a clock in seconds; due times use it."""
+
+    def __init__(self, payloads, now=time.monotonic):
+        self.now = now
+        self.jobs = {}
+        for number, payload in enumerate(payloads):
+            self.jobs[number] = {"payload": payload, "attempts": 0, "state": "ready", "due": 0.0,
+                                 "results": [], "error": None}
+        self.calls = []
+
+    def claim(self, limit):
+        self.calls.append("claim")
+        jobs = []
+        for job_id, job in sorted(self.jobs.items()):
+            if len(jobs) >= limit:
+                break
+            if job["state"] == "ready" and job["due"] <= self.now():
+                job["state"] = "claimed"
+                job["attempts"] += 1  # counted before any work
+                jobs.append(Job(job_id, job["payload"], job["attempts"]))
+        return jobs
+
+    def _claimed(self, job):
+        if self.jobs[job.id]["state"] != "claimed":
+            raise AssertionError("job %s is %s, not claimed" % (job.id, self.jobs[job.id]["state"]))
+        return self.jobs[job.id]
+
+    def has_result(self, job):
+        return bool(self.jobs[job.id]["results"])
+
+    def done(self, job, result):
+        entry = self._claimed(job)
+        if result is not None:
+            entry["results"].append(result)
+        entry["state"] = "done"
+
+    def failed(self, job, error, delay):
+        entry = self._claimed(job)
+        entry.update(state="ready", due=self.now() + delay, error=error)
+
+    def dead(self, job, error):
+        entry = self._claimed(job)
+        entry.update(state="dead", error=error)
+
+    def release(self, jobs):
+        for job in jobs:
+            self._claimed(job)["state"] = "ready"
+
+    def more(self):
+        return any(job["state"] == "ready" and job["due"] <= self.now() for job in self.jobs.values())

@@ -1,0 +1,317 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""An Amazon SQS queue as a batchq_queue Backend. Needs boto3 (Debian: python3-boto3).
+
+The queue must have a redrive policy with a dead-letter queue (DLQ) and a
+maxReceiveCount above --max-attempts; the batch exits 2 at start otherwise.
+The consumer itself moves a job to the DLQ after --max-attempts failed
+attempts. The redrive policy is the backstop: it moves a message whose
+batches all died (the host lost, the consumer killed) before any could tell.
+
+Attempts: a message's ApproximateReceiveCount. SQS counts it at receive,
+before any work.
+
+Claim: receives of at most 10 messages each, until --limit. The first
+receive waits up to --wait-seconds (20 at most, a long poll). Only when that
+one returns nothing is the queue empty: a short receive may miss messages.
+The receives after it do not wait. A FIFO queue is read one message per
+receive. So a batch never holds a message behind another of its group: SQS
+keeps a group locked while one of its messages is in flight. A failed
+message stays in flight for its backoff and so holds its own group alone.
+
+Heartbeat: while the batch holds messages, each is made invisible again for
+--visibility-timeout once half of it has passed (ChangeMessageVisibility).
+
+Results once: SQS delivers at least once. A result is written to the
+results folder (--results, by default results/ in $STATE_DIRECTORY) as
+MESSAGE_ID.json, by link() of a synced temporary file: link() never
+replaces a file, so only the first delivery's result stays. A message whose
+result is there already is deleted without work. The folder is local to one
+host: consumers on several hosts need a shared store with the same
+create-once rule (a database row with a unique key, say).
+
+Done and dead messages are deleted by DeleteMessageBatch at the end of the
+batch. Its Failed entries alone are retried, each with the message's latest
+receipt handle, up to three times.
+
+A failed job's message is made visible again after its backoff (its
+visibility timeout set to the backoff, at most 12 hours less its time in
+flight).
+
+Credentials: the AWS shared-credentials file $CREDENTIALS_DIRECTORY/aws
+(the role's credential "aws"), or else botocore's chain without the
+environment (an instance role, say). AWS_ACCESS_KEY_ID and its kin are never
+read.
+"""
+
+import configparser
+import errno
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import boto3
+import botocore.session
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+import batchq_queue
+
+# SQS's own limits.
+MOST_MESSAGES = 10
+MOST_WAIT = 20
+MOST_VISIBILITY = 43200
+
+
+def add_options(parser):
+    parser.add_argument("--queue-url", required=True, help="the queue's URL")
+    parser.add_argument("--endpoint-url", help="another SQS endpoint (tests, a VPC endpoint)")
+    parser.add_argument("--region", help="the queue's region")
+    parser.add_argument("--visibility-timeout", type=int, default=60,
+                        help="seconds a received message stays hidden; renewed while its job runs")
+    parser.add_argument("--wait-seconds", type=int, default=MOST_WAIT, help="the long poll of the first receive")
+    parser.add_argument("--results", help="the results folder (default: results/ in $STATE_DIRECTORY)")
+    parser.add_argument("--profile", default="default", help="the section of the credentials file")
+
+
+def check(args):
+    """What is wrong with the SQS options; None when nothing is."""
+    if not 2 <= args.visibility_timeout <= MOST_VISIBILITY:
+        return "--visibility-timeout: must be from 2 to %d seconds, got %s" % (MOST_VISIBILITY, args.visibility_timeout)
+    if not 1 <= args.wait_seconds <= MOST_WAIT:
+        return "--wait-seconds: must be from 1 to %d, got %s" % (MOST_WAIT, args.wait_seconds)
+    if args.backoff_max > MOST_VISIBILITY:
+        return "--backoff-max: must be at most %d seconds (SQS's longest visibility), got %s" % (
+            MOST_VISIBILITY, args.backoff_max)
+    if not args.results and not os.environ.get("STATE_DIRECTORY"):
+        return "--results: needed when $STATE_DIRECTORY is not set"
+    return None
+
+
+def aws_credentials(directory, profile):
+    """The keys of the shared-credentials file aws in directory, or None when there is none."""
+    if not directory:
+        return None
+    path = os.path.join(directory.split(":")[0], "aws")
+    if not os.path.exists(path):
+        return None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path)
+        section = parser[profile]
+        keys = {"aws_access_key_id": section["aws_access_key_id"],
+                "aws_secret_access_key": section["aws_secret_access_key"]}
+    except (configparser.Error, KeyError) as exc:
+        raise ValueError("the credential aws has no keys for profile %s: %s" % (profile, type(exc).__name__))
+    if section.get("aws_session_token"):
+        keys["aws_session_token"] = section["aws_session_token"]
+    return keys
+
+
+def session(args, environ=None):
+    """A boto3 session whose credentials never come from the environment."""
+    environ = os.environ if environ is None else environ
+    core = botocore.session.Session()
+    core.get_component("credential_provider").remove("env")
+    keys = aws_credentials(environ.get("CREDENTIALS_DIRECTORY"), args.profile)
+    if keys:
+        return boto3.Session(region_name=args.region, botocore_session=core, **keys)
+    return boto3.Session(region_name=args.region, botocore_session=core)
+
+
+def client(args):
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10,
+                    read_timeout=MOST_WAIT + 10)
+    return session(args).client("sqs", endpoint_url=args.endpoint_url, config=config)
+
+
+def backend(args):
+    """The backend of the options; exits 2 when the queue lacks a fitting redrive policy."""
+    results = args.results or os.path.join(os.environ["STATE_DIRECTORY"].split(":")[0], "results")
+    try:
+        sqs_client = client(args)
+    except ValueError as exc:  # a credential file without the keys: a setting to fix, not an outage
+        print("batchq-sqs: error: %s" % exc, file=sys.stderr)
+        sys.exit(2)
+    sqs = SQSBackend(sqs_client, args.queue_url, results, args.visibility_timeout, args.wait_seconds)
+    try:
+        problem = sqs.setup(args.max_attempts)
+    except batchq_queue.QueueError as exc:
+        raise SystemExit("batchq-sqs: the queue failed at start: %s" % exc)
+    if problem:
+        print("batchq-sqs: error: %s" % problem, file=sys.stderr)
+        sys.exit(2)
+    return sqs
+
+
+def redrive_problem(attributes, max_attempts):
+    """What is wrong with a queue's redrive policy for --max-attempts; None when nothing is."""
+    try:
+        policy = json.loads(attributes["RedrivePolicy"])
+        arn, most = policy["deadLetterTargetArn"], int(policy["maxReceiveCount"])
+    except (KeyError, ValueError, TypeError):
+        return "the queue needs a redrive policy with a dead-letter queue"
+    if most <= max_attempts:
+        return "the redrive policy's maxReceiveCount (%d) must be above --max-attempts (%d)" % (most, max_attempts)
+    return None if arn.count(":") >= 5 else "the redrive policy's deadLetterTargetArn is not an ARN: %s" % arn
+
+
+class SQSBackend(batchq_queue.Backend):
+
+    def __init__(self, sqs, queue_url, results, visibility, wait, now=time.monotonic):
+        self.sqs = sqs
+        self.url = queue_url
+        self.results = results
+        self.visibility = visibility
+        self.wait = wait
+        self.now = now
+        self.fifo = False
+        self.dlq_url = None
+        self.handles = {}      # message id: its latest receipt handle
+        self.hidden_at = {}    # message id: when its visibility was last set
+        self.received_at = {}  # message id: its first receive in this batch
+        self.deletes = []      # message ids to delete at finish
+
+    def call(self, name, **params):
+        try:
+            return getattr(self.sqs, name)(**params)
+        except (BotoCoreError, ClientError) as exc:
+            raise batchq_queue.QueueError("%s: %s" % (name, exc))
+
+    def setup(self, max_attempts):
+        attributes = self.call("get_queue_attributes", QueueUrl=self.url, AttributeNames=["All"])["Attributes"]
+        problem = redrive_problem(attributes, max_attempts)
+        if problem:
+            return problem
+        self.fifo = attributes.get("FifoQueue") == "true"
+        arn = json.loads(attributes["RedrivePolicy"])["deadLetterTargetArn"].split(":")
+        self.dlq_url = self.call("get_queue_url", QueueName=arn[5], QueueOwnerAWSAccountId=arn[4])["QueueUrl"]
+        os.makedirs(self.results, exist_ok=True)
+        return None
+
+    def claim(self, limit):
+        jobs = {}
+        wait = self.wait
+        while len(jobs) < limit:
+            most = 1 if self.fifo else min(MOST_MESSAGES, limit - len(jobs))
+            reply = self.call("receive_message", QueueUrl=self.url, MaxNumberOfMessages=most,
+                              WaitTimeSeconds=wait, VisibilityTimeout=self.visibility,
+                              AttributeNames=["ApproximateReceiveCount", "MessageGroupId"])
+            messages = reply.get("Messages", [])
+            if not messages:
+                break  # after the long poll: empty; after a short one: no more for now
+            wait = 0
+            now = self.now()
+            for message in messages:
+                key = message["MessageId"]
+                self.handles[key] = message["ReceiptHandle"]  # a second receive of it: only this handle works
+                self.hidden_at[key] = now
+                self.received_at.setdefault(key, now)
+                attributes = message.get("Attributes", {})
+                jobs[key] = batchq_queue.Job(key, message.get("Body", ""),
+                                             int(attributes.get("ApproximateReceiveCount", "1")),
+                                             group=attributes.get("MessageGroupId"))
+        return list(jobs.values())
+
+    def keep_alive(self, jobs):
+        now = self.now()
+        due = [job for job in jobs if now - self.hidden_at[job.id] >= self.visibility / 2.0]
+        self.set_visibility(due, self.visibility)
+
+    def set_visibility(self, jobs, seconds):
+        for start in range(0, len(jobs), MOST_MESSAGES):
+            part = jobs[start:start + MOST_MESSAGES]
+            entries = [{"Id": str(number), "ReceiptHandle": self.handles[job.id], "VisibilityTimeout": seconds}
+                       for number, job in enumerate(part)]
+            now = self.now()
+            reply = self.call("change_message_visibility_batch", QueueUrl=self.url, Entries=entries)
+            for entry in reply.get("Successful", []):
+                self.hidden_at[part[int(entry["Id"])].id] = now
+            if reply.get("Failed"):
+                raise batchq_queue.QueueError("change_message_visibility_batch: %s" % reply["Failed"])
+
+    def result_path(self, job):
+        # Message ids are UUIDs; anything else is kept out of the path.
+        return os.path.join(self.results, "".join(c for c in job.id if c.isalnum() or c == "-") + ".json")
+
+    def has_result(self, job):
+        return os.path.exists(self.result_path(job))
+
+    def done(self, job, result):
+        if result is not None:
+            try:
+                write_once(self.result_path(job), result)
+            except OSError as exc:  # a full disk, say: the job stays on the queue
+                raise batchq_queue.QueueError("the result of %s: %s" % (job.id, exc))
+        self.deletes.append(job.id)
+
+    def failed(self, job, error, delay):
+        in_flight = self.now() - self.received_at[job.id]
+        seconds = max(0, min(int(math.ceil(delay)), MOST_VISIBILITY - int(math.ceil(in_flight)) - 1))
+        self.call("change_message_visibility", QueueUrl=self.url, ReceiptHandle=self.handles[job.id],
+                  VisibilityTimeout=seconds)
+        self.hidden_at[job.id] = self.now()
+
+    def dead(self, job, error):
+        params = {"QueueUrl": self.dlq_url, "MessageBody": job.payload or "(empty)",
+                  "MessageAttributes": {
+                      "batchq-error": {"DataType": "String", "StringValue": batchq_queue.clean_text(error) or "-"},
+                      "batchq-message-id": {"DataType": "String", "StringValue": job.id},
+                      "batchq-attempts": {"DataType": "Number", "StringValue": str(job.attempts)}}}
+        if self.fifo:
+            params["MessageGroupId"] = job.group or "batchq"
+            params["MessageDeduplicationId"] = job.id[:128]  # a second move within 5 minutes is dropped
+        # A crash between the send and the delete leaves a copy in each queue; never none.
+        self.call("send_message", **params)
+        self.deletes.append(job.id)
+
+    def release(self, jobs):
+        self.set_visibility(list(jobs), 0)
+
+    def finish(self):
+        pending, self.deletes = self.deletes, []
+        for _round in range(3):
+            failed = []
+            for start in range(0, len(pending), MOST_MESSAGES):
+                part = pending[start:start + MOST_MESSAGES]
+                entries = [{"Id": str(number), "ReceiptHandle": self.handles[key]} for number, key in enumerate(part)]
+                reply = self.call("delete_message_batch", QueueUrl=self.url, Entries=entries)
+                failed += [part[int(entry["Id"])] for entry in reply.get("Failed", [])]
+            if not failed:
+                return
+            pending = failed  # only those, with the latest handle each
+        raise batchq_queue.QueueError("delete_message_batch: %d messages not deleted: %s" % (len(pending), pending))
+
+    def more(self):
+        attributes = self.call("get_queue_attributes", QueueUrl=self.url,
+                               AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
+        return int(attributes.get("ApproximateNumberOfMessages", "0")) > 0
+
+
+def write_once(path, text):
+    """Write text to path unless path exists: a synced temporary file, then link() (never replaces)."""
+    folder = os.path.dirname(path)
+    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, path)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            return False  # a second delivery: the first result stays
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return True
+    finally:
+        os.unlink(temporary)

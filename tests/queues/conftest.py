@@ -1,0 +1,70 @@
+"""Shared fixtures of the queue tests: the examples on sys.path, a moto server."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIBRARY = os.path.join(TOP, "examples", "queue_library")
+SQS = os.path.join(TOP, "examples", "sqs_queue")
+sys.path[:0] = [LIBRARY, SQS]
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def no_aws_environment(monkeypatch):
+    """No test reads real credentials, nor asks an instance's metadata service."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+
+
+@pytest.fixture(scope="session")
+def moto_url(tmp_path_factory):
+    """A moto server on a free port of 127.0.0.1, killed at the end whatever happened."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = "http://127.0.0.1:%d" % port
+    try:
+        for _round in range(200):
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None:
+                    raise RuntimeError("moto_server ended with %s" % server.returncode)
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("moto_server did not answer on %s" % url)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        log.close()
+
+
+@pytest.fixture
+def credentials(tmp_path, monkeypatch):
+    """A systemd credentials folder with an AWS shared-credentials file, as the role gives it."""
+    folder = tmp_path / "credentials"
+    folder.mkdir()
+    (folder / "aws").write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(folder))
+    return folder

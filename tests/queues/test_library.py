@@ -1,0 +1,237 @@
+"""The contract library against its in-memory backend: options, exit codes,
+failures confined to their job, attempts, backoff, dead jobs, results once."""
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+import batchq_queue
+from batchq_queue import MemoryBackend
+
+
+@pytest.fixture(autouse=True)
+def sigterm_handler_restored():
+    """main() installs its SIGTERM handler: the next test gets pytest's back."""
+    old = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, old)
+    batchq_queue.TERM["asked"] = False
+
+
+def options(**changes):
+    parser = argparse.ArgumentParser()
+    batchq_queue.add_common_options(parser)
+    args = parser.parse_args([])
+    args.backoff_min = args.backoff_max = 0.0
+    args.job_timeout = 5.0
+    vars(args).update(changes)
+    return args
+
+
+def run(backend, process, **changes):
+    return batchq_queue.run_batch(backend, process, options(**changes))
+
+
+def states(backend):
+    return [job["state"] for _key, job in sorted(backend.jobs.items())]
+
+
+def ok(job):
+    return {"n": job.payload}
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--limit", "0"], "--limit"),
+    (["--max-attempts", "0"], "--max-attempts"),
+    (["--max-attempts", "1001"], "--max-attempts"),
+    (["--backoff-min", "nan"], "--backoff-min"),
+    (["--backoff-max", "inf"], "--backoff-max"),
+    (["--backoff-min", "5", "--backoff-max", "1"], "--backoff-max"),
+    (["--job-timeout", "0"], "--job-timeout"),
+    (["--max-seconds", "-1"], "--max-seconds"),
+    (["--backlog-exit-code", "1"], "--backlog-exit-code"),
+    (["--work-ms", "nan"], "--work-ms"),
+])
+def test_a_bad_option_exits_2_naming_it_before_any_claim(argv, option, capsys):
+    made = []
+    with pytest.raises(SystemExit) as ended:
+        batchq_queue.main(argv, ok, make_backend=made.append)
+    assert ended.value.code == 2
+    assert option in capsys.readouterr().err
+    assert made == []
+
+
+def test_exit_codes():
+    assert batchq_queue.exit_code(0, 0, 0, [], False, 75) == 0
+    assert batchq_queue.exit_code(3, 0, 3, [], True, 75) == 1  # an outage is a failure, not a backlog
+    assert batchq_queue.exit_code(3, 1, 2, [], True, 75) == 75
+    assert batchq_queue.exit_code(3, 3, 0, [], False, 75) == 0
+    assert batchq_queue.exit_code(3, 3, 0, ["x"], True, 75) == 1
+
+
+def test_a_full_batch_then_the_rest():
+    backend = MemoryBackend(range(5))
+    assert run(backend, ok, limit=3) == 75
+    assert run(backend, ok, limit=3) == 0
+    assert states(backend) == ["done"] * 5
+    assert all(len(job["results"]) == 1 for job in backend.jobs.values())
+    assert run(backend, ok, limit=3) == 0  # empty
+
+
+def crash(job):
+    if job.payload == "segv":
+        import faulthandler
+        import resource
+        faulthandler.disable()  # a stand-in crash: no stack dump, no core file
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if job.payload == "exit":
+        sys.exit(3)
+    if job.payload == "_exit":
+        os._exit(0)
+    if job.payload == "hang":
+        time.sleep(60)
+    if job.payload == "nul":
+        raise RuntimeError("a NUL \x00 and a lone \udcff surrogate")
+    if job.payload == "huge":
+        raise RuntimeError("x" * (1 << 20))
+    if job.payload == "set":
+        return {1, 2}
+    if job.payload == "nan":
+        return float("nan")
+    if job.payload == "interrupt":
+        raise KeyboardInterrupt()
+    return ok(job)
+
+
+def test_each_failure_is_its_jobs_alone():
+    payloads = ["segv", "a", "exit", "_exit", "hang", "nul", "huge", "set", "nan", "interrupt", "b"]
+    backend = MemoryBackend(payloads)
+    started = time.monotonic()
+    assert run(backend, crash, job_timeout=1.0, max_attempts=1) == 0
+    assert time.monotonic() - started < 20
+    assert states(backend) == ["dead", "done", "dead", "dead", "dead", "dead", "dead", "dead", "dead", "dead", "done"]
+    errors = {job["payload"]: job["error"] for job in backend.jobs.values()}
+    assert "SIGSEGV" in errors["segv"]
+    assert "SystemExit" in errors["exit"]
+    assert "status 0" in errors["_exit"]
+    assert "--job-timeout" in errors["hang"]
+    assert "\\x00" in errors["nul"] and "\\udcff" in errors["nul"] and "\x00" not in errors["nul"]
+    assert len(errors["huge"]) == batchq_queue.ERROR_CHARS
+    assert "TypeError" in errors["set"] and "ValueError" in errors["nan"]
+    for error in errors.values():
+        if error:
+            error.encode("utf-8")  # every text is clean UTF-8
+
+
+def test_clean_text_cleans_once():
+    text = batchq_queue.clean_text("\x00" * 5000)
+    assert batchq_queue.clean_text(text) == text
+    assert len(text) == batchq_queue.ERROR_CHARS
+
+
+def test_dead_after_exactly_max_attempts_and_the_rest_unharmed():
+    backend = MemoryBackend(["nul", "a", "b"])
+    codes = [run(backend, crash, max_attempts=3) for _round in range(4)]
+    assert states(backend) == ["dead", "done", "done"]
+    assert backend.jobs[0]["attempts"] == 3
+    assert codes == [75, 1, 1, 0]  # job 0 is due again at once: backoff 0
+
+
+def test_all_failing_is_exit_1_not_a_backlog():
+    backend = MemoryBackend(["nul"] * 3)
+    assert run(backend, crash, limit=3, max_attempts=5) == 1
+
+
+def test_a_job_over_its_attempts_is_dead_before_any_work():
+    backend = MemoryBackend(["a"])
+    backend.jobs[0]["attempts"] = 3  # three batches died in its work
+    ran = []
+    assert run(backend, lambda job: ran.append(job) or 1, max_attempts=3) == 1
+    assert states(backend) == ["dead"] and ran == []
+
+
+def test_a_result_already_applied_is_not_applied_again():
+    backend = MemoryBackend(["a"])
+    backend.jobs[0]["results"].append('"first"')
+    assert run(backend, ok) == 0
+    assert backend.jobs[0]["results"] == ['"first"']
+
+
+def test_backoff_doubles_with_jitter_and_never_overflows():
+    low = [batchq_queue.backoff(n, 10, 3600, lambda a, b: a) for n in (1, 2, 3, 100, 10 ** 9)]
+    high = [batchq_queue.backoff(n, 10, 3600, lambda a, b: b) for n in (1, 2, 3, 100, 10 ** 9)]
+    assert low == [5, 10, 20, 1800, 1800]
+    assert high == [10, 20, 40, 3600, 3600]
+
+
+def test_a_failed_job_waits_its_backoff():
+    clock = [0.0]
+    backend = MemoryBackend(["nul"], now=lambda: clock[0])
+    assert run(backend, crash, backoff_min=10.0, backoff_max=10.0) == 1
+    assert 5 <= backend.jobs[0]["due"] <= 10
+    assert run(backend, crash) == 0 and backend.jobs[0]["attempts"] == 1  # not due: nothing claimed
+    clock[0] = 10.0
+    assert run(backend, crash) == 1 and backend.jobs[0]["attempts"] == 2
+
+
+def test_sigterm_releases_the_jobs_not_started():
+    backend = MemoryBackend(["a", "b", "c"])
+
+    def stop_after_first(job):
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(0.2)  # the parent's handler runs
+        return ok(job)
+
+    old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
+    try:
+        assert run(backend, stop_after_first) == 75
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        batchq_queue.TERM["asked"] = False
+    assert states(backend) == ["done", "ready", "ready"]
+
+
+class Down(MemoryBackend):
+    def claim(self, limit):
+        raise batchq_queue.QueueError("connection refused")
+
+
+def test_a_queue_down_at_the_claim_is_exit_1():
+    assert run(Down([]), ok) == 1
+
+
+class LosesResults(MemoryBackend):
+    def done(self, job, result):
+        raise batchq_queue.QueueError("the store is full")
+
+
+def test_a_queue_that_fails_at_done_is_exit_1_and_keeps_the_attempt():
+    backend = LosesResults(["a"])
+    assert run(backend, ok) == 1
+    assert backend.jobs[0]["attempts"] == 1
+
+
+def test_an_outage_fails_every_job_and_exits_1_not_75(tmp_path):
+    down = tmp_path / "down"
+    down.touch()
+    backend = MemoryBackend(['{"n": %d}' % n for n in range(3)])
+    argv = ["--fail-while", str(down), "--limit", "3", "--backoff-min", "0", "--backoff-max", "0"]
+    assert batchq_queue.main(argv, None, make_backend=lambda args: backend) == 1
+    assert [job["attempts"] for job in backend.jobs.values()] == [1, 1, 1]
+    assert all("is down" in job["error"] for job in backend.jobs.values())
+    down.unlink()
+    assert batchq_queue.main(argv, None, make_backend=lambda args: backend) == 75  # a full batch: more may wait
+    assert states(backend) == ["done"] * 3
+    assert batchq_queue.main(argv, None, make_backend=lambda args: backend) == 0
+
+
+def test_the_stand_in_crashes_and_raises_on_request():
+    backend = MemoryBackend(['{"crash": true}', '{"raise": true}', "not json", '{"n": 1}'])
+    assert batchq_queue.main(["--max-attempts", "1"], None, make_backend=lambda args: backend) == 0
+    assert states(backend) == ["dead", "dead", "done", "done"]
+    assert "SIGSEGV" in backend.jobs[0]["error"] and "ValueError" in backend.jobs[1]["error"]

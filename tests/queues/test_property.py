@@ -1,0 +1,190 @@
+"""A property test of the contract: hypothesis draws jobs that succeed, fail
+for a while, raise any exception with any text (NUL, lone surrogates, 1 MB),
+return what JSON cannot hold, die by SIGSEGV, hang past --job-timeout or
+flood their output. Run against the in-memory backend and against SQS on a
+moto server, every job ends done exactly once, or dead after exactly
+--max-attempts; no job that could succeed goes dead; the drain takes a
+bounded number of batches."""
+
+import argparse
+import json
+import os
+import signal
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+import boto3
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import batchq_queue
+import batchq_sqs
+
+TIMEOUT = 0.5  # a hang costs this much per attempt; the other jobs end in milliseconds
+ODD_TEXTS = ["", "a NUL \x00 byte", "a lone \udcff surrogate", "x" * (1 << 20), "\ud800", "\n" * 5000]
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("a __str__ that fails")
+
+
+EXCEPTIONS = [ValueError, KeyError, RuntimeError, SystemExit, KeyboardInterrupt, MemoryError, GeneratorExit,
+              BadStr, UnicodeError]
+NOT_JSON = ["set", "nan", "object", "bytes", "inf"]
+
+behaviour = st.one_of(
+    st.just(("ok",)),
+    st.just(("flood",)),
+    st.tuples(st.just("flaky"), st.integers(1, 2)),
+    st.tuples(st.just("raise"), st.sampled_from(range(len(EXCEPTIONS))),
+              st.one_of(st.sampled_from(ODD_TEXTS), st.text(max_size=40))),
+    st.tuples(st.just("notjson"), st.sampled_from(NOT_JSON)),
+    st.just(("segv",)),
+    st.just(("hang",)),
+)
+plan = st.fixed_dictionaries({
+    "jobs": st.lists(behaviour, min_size=1, max_size=6),
+    "limit": st.integers(1, 4),
+    "max_attempts": st.integers(1, 3),
+})
+
+
+def innocent(step, max_attempts):
+    return step[0] in ("ok", "flood") or (step[0] == "flaky" and step[1] < max_attempts)
+
+
+def make_process(jobs, log):
+    def process(job):
+        index = json.loads(job.payload)["i"]
+        step = jobs[index]
+        kind = step[0]
+        if kind == "flood":
+            sys.stdout.write("o" * (1 << 20))
+            sys.stderr.write("e" * (1 << 20))
+        elif kind == "flaky" and job.attempts <= step[1]:
+            raise ConnectionError("down for attempt %d" % job.attempts)
+        elif kind == "raise":
+            raise EXCEPTIONS[step[1]](step[2])
+        elif kind == "notjson":
+            return {"set": {1}, "nan": float("nan"), "object": object(), "bytes": b"x", "inf": [float("inf")]}[step[1]]
+        elif kind == "segv":
+            import faulthandler
+            import resource
+            faulthandler.disable()  # a stand-in crash: no stack dump, no core file
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif kind == "hang":
+            time.sleep(60)
+        with open(log, "a") as handle:  # one write of a short line: whole, whatever runs beside it
+            handle.write("%d\n" % index)
+        return {"i": index}
+    return process
+
+
+def options(limit, max_attempts):
+    parser = argparse.ArgumentParser()
+    batchq_queue.add_common_options(parser)
+    args = parser.parse_args([])
+    args.limit, args.max_attempts = limit, max_attempts
+    args.backoff_min = args.backoff_max = 0.0
+    args.job_timeout = TIMEOUT
+    return args
+
+
+def drain(backend, jobs, args, log, empty):
+    process = make_process(jobs, log)
+    bound = len(jobs) * args.max_attempts + 3  # every batch but the last makes progress
+    for batches in range(1, bound + 1):
+        code = batchq_queue.run_batch(backend, process, args)
+        assert code in (0, 1, 75)
+        if code == 0 and empty():
+            return batches
+    raise AssertionError("not drained in %d batches" % bound)
+
+
+def check_runs(jobs, max_attempts, log):
+    with open(log) as handle:
+        runs = [int(line) for line in handle]
+    for index, step in enumerate(jobs):
+        assert runs.count(index) == (1 if innocent(step, max_attempts) else 0), (index, step)
+
+
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan)
+@example({"jobs": [("raise", 3, "\ud800"), ("ok",)], "limit": 1, "max_attempts": 1})
+@example({"jobs": [("hang",), ("segv",), ("flood",)], "limit": 4, "max_attempts": 2})
+def test_every_job_done_once_or_dead_after_max_attempts_in_memory(case):
+    jobs, max_attempts = case["jobs"], case["max_attempts"]
+    folder = tempfile.mkdtemp()
+    try:
+        log = os.path.join(folder, "runs")
+        open(log, "w").close()
+        backend = batchq_queue.MemoryBackend([json.dumps({"i": i}) for i in range(len(jobs))])
+        drain(backend, jobs, options(case["limit"], max_attempts), log,
+              lambda: all(job["state"] in ("done", "dead") for job in backend.jobs.values()))
+        for index, step in enumerate(jobs):
+            job = backend.jobs[index]
+            if innocent(step, max_attempts):
+                assert job["state"] == "done" and len(job["results"]) == 1, (step, job)
+            else:
+                assert job["state"] == "dead" and job["attempts"] == max_attempts, (step, job)
+                assert len(job["error"]) <= batchq_queue.ERROR_CHARS and "\x00" not in job["error"]
+                job["error"].encode("utf-8")
+        check_runs(jobs, max_attempts, log)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_on_sqs(moto_url):
+    """The same property against SQS on moto, with fewer examples (each drain ends on a long poll)."""
+    sqs = boto3.client("sqs", endpoint_url=moto_url, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(plan)
+    @example({"jobs": [("segv",), ("flaky", 1), ("ok",)], "limit": 2, "max_attempts": 2})
+    def run(case):
+        jobs, max_attempts = case["jobs"], case["max_attempts"]
+        name = uuid.uuid4().hex[:12]
+        dlq = sqs.create_queue(QueueName="dlq-" + name)["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        url = sqs.create_queue(QueueName="jobs-" + name, Attributes={"RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": arn, "maxReceiveCount": str(max_attempts + 2)})})["QueueUrl"]
+        for start in range(0, len(jobs), 10):
+            sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": json.dumps({"i": i})}
+                                                          for i in range(start, min(start + 10, len(jobs)))])
+        folder = tempfile.mkdtemp()
+        try:
+            log = os.path.join(folder, "runs")
+            open(log, "w").close()
+            backend = batchq_sqs.SQSBackend(sqs, url, os.path.join(folder, "results"), 5, 1)
+            assert backend.setup(max_attempts) is None
+
+            def empty():
+                attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+                counts = (attributes["ApproximateNumberOfMessages"], attributes["ApproximateNumberOfMessagesNotVisible"])
+                return counts == ("0", "0")
+
+            drain(backend, jobs, options(case["limit"], max_attempts), log, empty)
+            results = sorted(json.load(open(os.path.join(folder, "results", name)))["i"]
+                             for name in os.listdir(os.path.join(folder, "results")))
+            assert results == [i for i, step in enumerate(jobs) if innocent(step, max_attempts)]
+            dead = []
+            while True:
+                got = sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10, MessageAttributeNames=["All"],
+                                          VisibilityTimeout=60).get("Messages", [])
+                if not got:
+                    break
+                dead += got
+            assert sorted(json.loads(m["Body"])["i"] for m in dead) == [
+                i for i, step in enumerate(jobs) if not innocent(step, max_attempts)]
+            assert all(m["MessageAttributes"]["batchq-attempts"]["StringValue"] == str(max_attempts) for m in dead)
+            check_runs(jobs, max_attempts, log)
+        finally:
+            shutil.rmtree(folder)
+
+    run()

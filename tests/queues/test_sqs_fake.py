@@ -1,0 +1,297 @@
+"""batchq-sqs against the strict fake of SQS (fake_sqs.py): heartbeat,
+DeleteMessageBatch's Failed entries, FIFO groups, empty queues, options,
+the redrive policy and credentials."""
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from botocore.exceptions import ClientError
+
+import batchq_queue
+import batchq_sqs
+from conftest import SQS
+from fake_sqs import FakeSQS
+
+
+def options(**changes):
+    parser = argparse.ArgumentParser()
+    batchq_queue.add_common_options(parser)
+    args = parser.parse_args([])
+    args.backoff_min = args.backoff_max = 100.0
+    args.job_timeout = 10.0
+    vars(args).update(changes)
+    return args
+
+
+def queue(fifo=False, max_receive=10):
+    fake = FakeSQS()
+    suffix = ".fifo" if fifo else ""
+    fake.create_queue("dlq" + suffix)
+    return fake, fake.create_queue("jobs" + suffix, dlq="dlq" + suffix, max_receive=max_receive)
+
+
+def make(fake, url, tmp_path, visibility=30, max_attempts=3):
+    backend = batchq_sqs.SQSBackend(fake, url, str(tmp_path / "results"), visibility, 20, now=fake.now)
+    assert backend.setup(max_attempts) is None
+    return backend
+
+
+def run(fake, url, tmp_path, process, visibility=30, **changes):
+    args = options(**changes)
+    return batchq_queue.run_batch(make(fake, url, tmp_path, visibility, args.max_attempts), process, args)
+
+
+def calls(fake, operation):
+    return [params for name, params in fake.calls if name == operation]
+
+
+def ok(job):
+    return {"body": job.payload}
+
+
+def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path):
+    fake, url = queue()
+    first, second = fake.add(url, "slow"), fake.add(url, "quick")
+
+    def process(job):
+        time.sleep(3.0 if job.payload == "slow" else 0)
+        return ok(job)
+
+    assert run(fake, url, tmp_path, process, visibility=2) == 0
+    renewed = [entry["ReceiptHandle"] for params in calls(fake, "ChangeMessageVisibilityBatch")
+               for entry in params["Entries"]]
+    # every renewal found its message still in flight (the fake refuses it otherwise)
+    assert renewed.count(first.handle) >= 2 and second.handle in renewed
+    assert (first.receives, second.receives) == (1, 1)
+    assert fake.bodies(url) == []
+    assert sorted(os.listdir(tmp_path / "results")) == sorted([first.id + ".json", second.id + ".json"])
+
+
+def test_delete_batch_retries_only_its_failed_entries_with_the_latest_handle(tmp_path):
+    fake, url = queue()
+    messages = [fake.add(url, str(n)) for n in range(3)]
+    backend = make(fake, url, tmp_path, visibility=1)
+    jobs = backend.claim(10)
+    fake.advance(2)  # their visibility lapses: a second receive gives new handles
+    again = backend.claim(10)
+    assert {job.id for job in again} == {job.id for job in jobs}
+    fake.fail_delete_once.add(messages[1].id)
+    for job in again:
+        backend.done(job, '"x"')
+    backend.finish()
+    deletes = calls(fake, "DeleteMessageBatch")
+    assert [len(params["Entries"]) for params in deletes] == [3, 1]
+    assert deletes[1]["Entries"][0]["ReceiptHandle"] == messages[1].handle
+    assert fake.bodies(url) == []
+
+
+def test_a_delete_that_keeps_failing_is_a_queue_error(tmp_path):
+    fake, url = queue()
+    fake.add(url, "a")
+    backend = make(fake, url, tmp_path)
+    job, = backend.claim(10)
+    fake.queues[url].messages[0].handle = "gone"  # as if another consumer received it since
+    backend.done(job, '"x"')
+    with pytest.raises(batchq_queue.QueueError):
+        backend.finish()
+    assert len(calls(fake, "DeleteMessageBatch")) == 3  # bounded
+
+
+def test_a_failing_fifo_message_holds_its_group_alone(tmp_path):
+    fake, url = queue(fifo=True)
+    poison = fake.add(url, "poison", group="g1")
+    behind = [fake.add(url, "x%d" % n, group="g1") for n in range(2)]
+    other = [fake.add(url, "y%d" % n, group="g2") for n in range(2)]
+
+    def process(job):
+        if job.payload == "poison":
+            raise ValueError("poison")
+        return ok(job)
+
+    codes = [run(fake, url, tmp_path, process, max_attempts=3) for _round in range(3)]
+    assert [message.receives for message in other] == [1, 1]
+    assert [message.receives for message in behind] == [0, 0]  # never received behind it: not charged
+    assert fake.bodies(url) == ["poison", "x0", "x1"]
+    assert codes[-1] == 0
+    for _round in range(20):
+        fake.advance(101)
+        run(fake, url, tmp_path, process, max_attempts=3)
+    assert fake.bodies(url) == []
+    assert poison.receives == 3 and [message.receives for message in behind] == [1, 1]
+    assert fake.bodies(fake.url("dlq.fifo")) == ["poison"]
+    assert sorted(os.listdir(tmp_path / "results")) == sorted(m.id + ".json" for m in behind + other)
+
+
+def test_an_empty_queue_is_decided_by_a_long_poll(tmp_path):
+    fake, url = queue()
+    assert run(fake, url, tmp_path, ok) == 0
+    receives = calls(fake, "ReceiveMessage")
+    assert len(receives) == 1 and 1 <= receives[0]["WaitTimeSeconds"] <= 20
+
+
+def test_a_short_receive_that_misses_messages_is_not_empty(tmp_path):
+    fake, url = queue()
+    fake.short_receives_miss = True
+    for n in range(15):
+        fake.add(url, str(n))
+    assert run(fake, url, tmp_path, ok, limit=25) == 75  # 10 done, 5 wait: a backlog
+    assert run(fake, url, tmp_path, ok, limit=25) == 0
+    assert fake.bodies(url) == []
+    assert all(params["MaxNumberOfMessages"] <= 10 for params in calls(fake, "ReceiveMessage"))
+
+
+def test_a_batch_of_25_takes_three_receives(tmp_path):
+    fake, url = queue()
+    for n in range(30):
+        fake.add(url, str(n))
+    assert run(fake, url, tmp_path, ok, limit=25) == 75
+    assert [params["MaxNumberOfMessages"] for params in calls(fake, "ReceiveMessage")] == [10, 10, 5]
+    assert [params["WaitTimeSeconds"] for params in calls(fake, "ReceiveMessage")] == [20, 0, 0]
+    assert len(fake.bodies(url)) == 5
+
+
+def test_a_failed_message_comes_back_after_its_backoff_to_the_millisecond(tmp_path):
+    fake, url = queue()
+    message = fake.add(url, "a")
+
+    def fail(job):
+        raise ValueError("no")
+
+    assert run(fake, url, tmp_path, fail, backoff_min=4.0, backoff_max=4.0) == 1
+    params, = calls(fake, "ChangeMessageVisibility")
+    assert params["VisibilityTimeout"] in (2, 3, 4) and message.visible_at - fake.ms > 1000
+
+
+def test_a_second_delivery_is_deleted_without_work(tmp_path):
+    fake, url = queue()
+    fake.add(url, "a")
+    backend = make(fake, url, tmp_path)
+    job, = backend.claim(1)
+    os.makedirs(backend.results, exist_ok=True)
+    batchq_sqs.write_once(backend.result_path(job), '"first"')
+    fake.advance(31)
+    ran = []
+    assert run(fake, url, tmp_path, lambda job: ran.append(1)) == 0
+    assert ran == [] and fake.bodies(url) == []
+    assert open(backend.result_path(job)).read() == '"first"'
+    assert batchq_sqs.write_once(backend.result_path(job), '"second"') is False
+
+
+@pytest.mark.parametrize("policy, problem", [
+    ({}, "needs a redrive policy"),
+    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:1:dlq", "maxReceiveCount": 3})},
+     "maxReceiveCount (3) must be above --max-attempts (3)"),
+    ({"RedrivePolicy": "{"}, "needs a redrive policy"),
+])
+def test_the_redrive_policy_must_outlast_max_attempts(policy, problem):
+    assert problem in batchq_sqs.redrive_problem(policy, 3)
+
+
+def test_a_fitting_redrive_policy_passes():
+    policy = {"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:1:dlq", "maxReceiveCount": "4"})}
+    assert batchq_sqs.redrive_problem(policy, 3) is None
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--limit", "0"], "--limit"),
+    (["--max-attempts", "0"], "--max-attempts"),
+    (["--work-ms", "nan"], "--work-ms"),
+    (["--visibility-timeout", "1"], "--visibility-timeout"),
+    (["--wait-seconds", "21"], "--wait-seconds"),
+    (["--backoff-max", "50000"], "--backoff-max"),
+    (["--results", ""], "--results"),
+])
+def test_a_bad_option_exits_2_before_any_call(argv, option, tmp_path):
+    env = dict(os.environ, STATE_DIRECTORY=str(tmp_path))
+    if option == "--results":
+        del env["STATE_DIRECTORY"]
+    # An endpoint nobody listens on: a call would fail with 1, not 2.
+    done = subprocess.run([sys.executable, os.path.join(SQS, "batchq-sqs"), "--queue-url", "http://127.0.0.1:9/q",
+                           "--endpoint-url", "http://127.0.0.1:9", "--region", "eu-west-1"] + argv,
+                          env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert option in done.stderr
+
+
+def test_credentials_never_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-the-environment")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-the-environment")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    args = argparse.Namespace(region="eu-west-1", profile="default")
+    assert batchq_sqs.session(args).get_credentials() is None
+
+
+def test_credentials_come_from_the_systemd_credential(credentials, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-the-environment")
+    args = argparse.Namespace(region="eu-west-1", profile="default")
+    assert batchq_sqs.session(args).get_credentials().access_key == "testing"
+
+
+def test_a_credential_file_without_keys_exits_2(tmp_path, credentials):
+    (credentials / "aws").write_text("[other]\naws_access_key_id = x\n")
+    done = subprocess.run([sys.executable, os.path.join(SQS, "batchq-sqs"), "--queue-url", "http://127.0.0.1:9/q",
+                           "--endpoint-url", "http://127.0.0.1:9", "--region", "eu-west-1", "--results", str(tmp_path)],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "profile default" in done.stderr
+
+
+def test_sigterm_sends_the_messages_not_started_back_at_once(tmp_path):
+    fake, url = queue()
+    messages = [fake.add(url, str(n)) for n in range(3)]
+
+    def stop(job):
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(0.2)  # the batch's handler runs
+        return ok(job)
+
+    old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
+    try:
+        code = run(fake, url, tmp_path, stop)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        batchq_queue.TERM["asked"] = False
+    assert code == 75
+    assert fake.bodies(url) == ["1", "2"]
+    assert not any(fake.in_flight(message) for message in messages[1:])  # visible again now, not after a timeout
+    released = [entry for params in calls(fake, "ChangeMessageVisibilityBatch") for entry in params["Entries"]
+                if entry["VisibilityTimeout"] == 0]
+    assert len(released) == 2
+
+
+def test_the_fake_is_strict():
+    fake, url = queue()
+    fake.add(url, "a")
+    first = fake.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=1)["Messages"][0]
+    with pytest.raises(AssertionError):
+        fake.receive_message(QueueUrl=url, MaxNumberOfMessages="10")  # botocore's model wants an integer
+    with pytest.raises(AssertionError):
+        fake.receive_message(QueueUrl=url, MaxNumberOfMessages=11)
+    fake.advance(1.001)
+    second = fake.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"][0]
+    with pytest.raises(ClientError, match="ReceiptHandleIsInvalid"):
+        fake.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=5)
+    fake.advance(1.001)  # one millisecond past its visibility: no longer in flight
+    with pytest.raises(ClientError, match="MessageNotInflight"):
+        fake.change_message_visibility(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=5)
+
+
+def test_enqueue_spreads_poison_jobs_one_kind_a_job():
+    loader = importlib.machinery.SourceFileLoader("enqueue", os.path.join(SQS, "batchq-sqs-enqueue"))
+    enqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(enqueue)
+    for count, crashing, raising in [(10, 2, 3), (3, 3, 0), (5, 2, 3), (100, 7, 1)]:
+        chosen = enqueue.faults(count, crashing, raising)
+        assert sorted(chosen.values()) == ["crash"] * crashing + ["raise"] * raising
+        assert all(1 <= n <= count for n in chosen)
+    bodies = dict(enqueue.bodies(4, 1, 1))
+    assert [json.loads(body) for body in bodies.values()] == [
+        {"n": 1, "crash": True}, {"n": 2}, {"n": 3, "raise": True}, {"n": 4}]
