@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the test matrix of `make test` (tools/ansible-core.sh for each part):
 # unit tests and ansible-test sanity under the oldest and the newest
-# ansible-core; the PostgreSQL example's tests (tests/pgqueue) once; every
+# ansible-core; the PostgreSQL example's tests (tests/pgqueue) and the queue
+# library's and SQS example's (tests/queues) once; every
 # scenario on all its hosts (Debian 11, 12, 13, and testing in `default`)
 # under the newest; and the short `compat` scenario under each other release
 # on one host, a different Debian for each, inside that release's target
@@ -28,6 +29,7 @@ second=(
   "$oldest unit sanity"
   "$newest unit sanity"
   "$oldest pgqueue"
+  "$oldest queues"
   "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
   "$newest molecule SCENARIOS=info"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
