@@ -55,6 +55,7 @@ import json
 import math
 import os
 import random
+import re
 import select
 import signal
 import sys
@@ -133,10 +134,19 @@ class Backend:
         return False
 
 
+# The characters XML 1.0 allows, and so SQS. Any other one is written as an escape.
+UNSAFE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _escape(match):
+    code = ord(match.group())
+    return "\\x%02x" % code if code < 0x100 else "\\u%04x" % code
+
+
 def clean_text(text):
-    """text as UTF-8 and every store can hold it: NUL and lone surrogates as escapes, cut to ERROR_CHARS.
-    Cleaning twice changes nothing more."""
-    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    """text as UTF-8 and every store can hold it: control characters, U+FFFE, U+FFFF and lone
+    surrogates as escapes, cut to ERROR_CHARS. Cleaning twice changes nothing more."""
+    text = UNSAFE.sub(_escape, text)
     if len(text) <= ERROR_CHARS:
         return text
     said = "... (%d characters)" % len(text)

@@ -134,6 +134,15 @@ def test_clean_text_cleans_once():
     assert len(text) == batchq_queue.ERROR_CHARS
 
 
+def test_clean_text_escapes_what_sqs_refuses_and_keeps_the_rest():
+    odd = "".join(map(chr, range(32))) + "\x7f\ud800\ufffe\uffff\U0001f600"
+    text = batchq_queue.clean_text(odd)
+    assert text == ("\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\t\n\\x0b\\x0c\r"
+                    + "".join("\\x%02x" % code for code in range(14, 32))
+                    + "\x7f\\ud800\\ufffe\\uffff\U0001f600")
+    assert batchq_queue.clean_text(text) == text
+
+
 def test_dead_after_exactly_max_attempts_and_the_rest_unharmed():
     backend = MemoryBackend(["nul", "a", "b"])
     codes = [run(backend, crash, max_attempts=3) for _round in range(4)]

@@ -284,6 +284,38 @@ def test_the_fake_is_strict():
         fake.change_message_visibility(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=5)
 
 
+def test_the_fake_refuses_what_sqs_refuses():
+    fake, url = queue()
+
+    def send(body="a", value="v", kind="String"):
+        fake.send_message(QueueUrl=url, MessageBody=body,
+                          MessageAttributes={"n": {"DataType": kind, "StringValue": value}})
+
+    send()
+    for bad in [dict(value="\x1b[31m"), dict(value="\uffff"), dict(value=""), dict(value="", kind="Number"),
+                dict(body="\x07"), dict(body="x" * (262144 - 7))]:
+        with pytest.raises(ClientError, match="InvalidParameterValue"):
+            send(**bad)
+    send(body="x" * (262144 - 8))  # body, name, type and value: 256 KiB exactly
+
+
+def test_a_control_character_in_the_last_error_still_reaches_the_dlq(tmp_path):
+    fake, url = queue()
+    fake.add(url, "colour")
+    fake.add(url, "fine")
+
+    def process(job):
+        if job.payload == "colour":
+            raise RuntimeError("\x1b[31mconnection refused\x1b[0m\uffff")
+        return ok(job)
+
+    assert run(fake, url, tmp_path, process, max_attempts=1) == 0
+    assert fake.bodies(url) == []
+    dead, = fake.queues[fake.url("dlq")].messages
+    assert dead.attributes["batchq-error"]["StringValue"] == (
+        "RuntimeError: \\x1b[31mconnection refused\\x1b[0m\\uffff")
+
+
 def test_enqueue_spreads_poison_jobs_one_kind_a_job():
     loader = importlib.machinery.SourceFileLoader("enqueue", os.path.join(SQS, "batchq-sqs-enqueue"))
     enqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
