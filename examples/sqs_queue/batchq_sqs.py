@@ -175,6 +175,7 @@ class SQSBackend(batchq_queue.Backend):
         self.hidden_at = {}    # message id: when its visibility was last set
         self.received_at = {}  # message id: its first receive in this batch
         self.deletes = []      # message ids to delete at finish
+        self.lost = set()      # message ids whose visibility SQS refused to change: not renewed again
 
     def call(self, name, **params):
         try:
@@ -219,20 +220,34 @@ class SQSBackend(batchq_queue.Backend):
 
     def keep_alive(self, jobs):
         now = self.now()
-        due = [job for job in jobs if now - self.hidden_at[job.id] >= self.visibility / 2.0]
+        due = [job.id for job in jobs
+               if job.id not in self.lost and now - self.hidden_at[job.id] >= self.visibility / 2.0]
         self.set_visibility(due, self.visibility)
 
-    def set_visibility(self, jobs, seconds):
-        for start in range(0, len(jobs), MOST_MESSAGES):
-            part = jobs[start:start + MOST_MESSAGES]
-            entries = [{"Id": str(number), "ReceiptHandle": self.handles[job.id], "VisibilityTimeout": seconds}
-                       for number, job in enumerate(part)]
+    def set_visibility(self, keys, seconds):
+        """Set the visibility of every message in keys, 10 a call, then raise once for what failed.
+        A message SQS refused is not renewed again: its handle is stale, or it is back in the queue."""
+        problems = []
+        for start in range(0, len(keys), MOST_MESSAGES):
+            part = keys[start:start + MOST_MESSAGES]
+            entries = [{"Id": str(number), "ReceiptHandle": self.handles[key], "VisibilityTimeout": seconds}
+                       for number, key in enumerate(part)]
             now = self.now()
-            reply = self.call("change_message_visibility_batch", QueueUrl=self.url, Entries=entries)
+            try:
+                reply = self.call("change_message_visibility_batch", QueueUrl=self.url, Entries=entries)
+            except batchq_queue.QueueError as exc:
+                problems.append(str(exc))  # the other groups are still set
+                continue
             for entry in reply.get("Successful", []):
-                self.hidden_at[part[int(entry["Id"])].id] = now
-            if reply.get("Failed"):
-                raise batchq_queue.QueueError("change_message_visibility_batch: %s" % reply["Failed"])
+                self.hidden_at[part[int(entry["Id"])]] = now
+            for entry in reply.get("Failed", []):
+                key = part[int(entry["Id"])]
+                self.lost.add(key)
+                problems.append("%s: %s" % (key, entry.get("Code")))
+        if problems:
+            # The first few say what went wrong; the error stays short however many failed.
+            raise batchq_queue.QueueError("change_message_visibility_batch: %d failed: %s" % (
+                len(problems), "; ".join(problems[:3])))
 
     def result_path(self, job):
         # Message ids are UUIDs; anything else is kept out of the path.
@@ -270,7 +285,7 @@ class SQSBackend(batchq_queue.Backend):
         self.deletes.append(job.id)
 
     def release(self, jobs):
-        self.set_visibility(list(jobs), 0)
+        self.set_visibility([job.id for job in jobs], 0)
 
     def finish(self):
         pending, self.deletes = self.deletes, []

@@ -75,6 +75,21 @@ def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path):
     assert sorted(os.listdir(tmp_path / "results")) == sorted([first.id + ".json", second.id + ".json"])
 
 
+def test_a_stale_handle_stops_neither_the_other_renewals_nor_the_heartbeat(tmp_path):
+    fake, url = queue()
+    messages = [fake.add(url, str(n)) for n in range(15)]
+    backend = make(fake, url, tmp_path, visibility=30)
+    jobs = backend.claim(15)
+    messages[1].handle = "taken-by-another-consumer"
+    fake.advance(15)
+    with pytest.raises(batchq_queue.QueueError, match="1 failed"):
+        backend.keep_alive(jobs)
+    fake.advance(16)  # past the first visibility: only the renewed messages are still hidden
+    assert [fake.in_flight(message) for message in messages] == [True, False] + [True] * 13
+    backend.keep_alive(jobs)  # the stale one is not tried again: no second error
+    assert [len(params["Entries"]) for params in calls(fake, "ChangeMessageVisibilityBatch")] == [10, 5, 10, 4]
+
+
 def test_delete_batch_retries_only_its_failed_entries_with_the_latest_handle(tmp_path):
     fake, url = queue()
     messages = [fake.add(url, str(n)) for n in range(3)]
