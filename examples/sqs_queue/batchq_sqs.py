@@ -31,9 +31,10 @@ result is there already is deleted without work. The folder is local to one
 host: consumers on several hosts need a shared store with the same
 create-once rule (a database row with a unique key, say).
 
-Done and dead messages are deleted by DeleteMessageBatch at the end of the
-batch. Its Failed entries alone are retried, each with the message's latest
-receipt handle, up to three times.
+Done and dead messages are deleted by DeleteMessageBatch, 10 at a time as
+they end, and the rest at the end of the batch. Until then the heartbeat
+keeps them hidden too. Its Failed entries alone are retried, each with the
+message's latest receipt handle, up to three times.
 
 A failed job's message is made visible again after its backoff (its
 visibility timeout set to the backoff, at most 12 hours less its time in
@@ -220,8 +221,9 @@ class SQSBackend(batchq_queue.Backend):
 
     def keep_alive(self, jobs):
         now = self.now()
-        due = [job.id for job in jobs
-               if job.id not in self.lost and now - self.hidden_at[job.id] >= self.visibility / 2.0]
+        # A done or dead message waits for its delete: until then it must stay hidden too.
+        keys = [job.id for job in jobs] + self.deletes
+        due = [key for key in keys if key not in self.lost and now - self.hidden_at[key] >= self.visibility / 2.0]
         self.set_visibility(due, self.visibility)
 
     def set_visibility(self, keys, seconds):
@@ -262,7 +264,7 @@ class SQSBackend(batchq_queue.Backend):
                 write_once(self.result_path(job), result)
             except OSError as exc:  # a full disk, say: the job stays on the queue
                 raise batchq_queue.QueueError("the result of %s: %s" % (job.id, exc))
-        self.deletes.append(job.id)
+        self.delete_later(job.id)
 
     def failed(self, job, error, delay):
         in_flight = self.now() - self.received_at[job.id]
@@ -282,10 +284,16 @@ class SQSBackend(batchq_queue.Backend):
             params["MessageDeduplicationId"] = job.id[:128]  # a second move within 5 minutes is dropped
         # A crash between the send and the delete leaves a copy in each queue; never none.
         self.call("send_message", **params)
-        self.deletes.append(job.id)
+        self.delete_later(job.id)
 
     def release(self, jobs):
         self.set_visibility([job.id for job in jobs], 0)
+
+    def delete_later(self, key):
+        """Buffer a delete; a full group of 10 is deleted at once, so few messages wait."""
+        self.deletes.append(key)
+        if len(self.deletes) >= MOST_MESSAGES:
+            self.finish()
 
     def finish(self):
         pending, self.deletes = self.deletes, []

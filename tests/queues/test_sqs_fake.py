@@ -90,6 +90,37 @@ def test_a_stale_handle_stops_neither_the_other_renewals_nor_the_heartbeat(tmp_p
     assert [len(params["Entries"]) for params in calls(fake, "ChangeMessageVisibilityBatch")] == [10, 5, 10, 4]
 
 
+def test_done_messages_stay_hidden_until_they_are_deleted(tmp_path):
+    fake, url = queue()
+    for n in range(3):
+        fake.add(url, str(n))
+    backend = make(fake, url, tmp_path, visibility=2)
+    finish = backend.finish
+    again = []
+
+    def check_then_finish():
+        again.extend(fake.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []))
+        finish()
+
+    backend.finish = check_then_finish
+
+    def slow(job):
+        time.sleep(1.5)
+        return ok(job)
+
+    assert batchq_queue.run_batch(backend, slow, options()) == 0
+    assert again == []  # another consumer would have received the done ones again
+    assert fake.bodies(url) == []
+
+
+def test_each_full_group_of_10_is_deleted_at_once(tmp_path):
+    fake, url = queue()
+    for n in range(12):
+        fake.add(url, str(n))
+    assert run(fake, url, tmp_path, ok, limit=12) == 75  # a full batch
+    assert [len(params["Entries"]) for params in calls(fake, "DeleteMessageBatch")] == [10, 2]
+
+
 def test_delete_batch_retries_only_its_failed_entries_with_the_latest_handle(tmp_path):
     fake, url = queue()
     messages = [fake.add(url, str(n)) for n in range(3)]
