@@ -34,7 +34,8 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
   (jitter, so jobs that failed together do not come back together).
 - A job that fails its --max-attempts-th attempt is dead. A job claimed
   with more attempts than that (the batches of its earlier attempts died
-  before they could tell) is dead before any work.
+  before they could tell) is dead before any work, unless its result was
+  applied already: then it is done.
 - A result is applied once: the backend's done() must see to that.
 - No new job starts after SIGTERM or after --max-seconds. The jobs not
   started go back to the queue (release). They keep the attempt: SQS
@@ -368,14 +369,15 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
         if late or (job.group is not None and job.group in blocked):
             unstarted.append(job)
             continue
-        if job.attempts > args.max_attempts:
+        # A result stored already wins over the attempts: only its delete was lost.
+        if backend.has_result(job):
+            if outcome(backend.done, job, None):
+                counts["done"] += 1
+        elif job.attempts > args.max_attempts:
             # Its earlier attempts' batches died before they could tell.
             outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
                     % (job.attempts - 1, args.max_attempts))
             counts["dead"] += 1
-        elif backend.has_result(job):
-            if outcome(backend.done, job, None):
-                counts["done"] += 1
         else:
             kind, text = run_job(process, job, args.job_timeout, keep_alive)
             if kind == "done":

@@ -171,6 +171,14 @@ def test_a_result_already_applied_is_not_applied_again():
     assert backend.jobs[0]["results"] == ['"first"']
 
 
+def test_a_result_already_applied_wins_over_attempts_run_out():
+    backend = MemoryBackend(["a"])
+    backend.jobs[0]["results"].append('"first"')
+    backend.jobs[0]["attempts"] = 3  # its result was stored, but the batch died before the delete
+    assert run(backend, ok, max_attempts=3) == 0
+    assert states(backend) == ["done"] and backend.jobs[0]["results"] == ['"first"']
+
+
 def test_backoff_doubles_with_jitter_and_never_overflows():
     low = [batchq_queue.backoff(n, 10, 3600, lambda a, b: a) for n in (1, 2, 3, 100, 10 ** 9)]
     high = [batchq_queue.backoff(n, 10, 3600, lambda a, b: b) for n in (1, 2, 3, 100, 10 ** 9)]
