@@ -38,7 +38,9 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
   applied already: then it is done.
 - A result is applied once: the backend's done() must see to that.
 - No new job starts after SIGTERM or after --max-seconds. The jobs not
-  started go back to the queue (release). They keep the attempt: SQS
+  started go back to the queue (release). So does a job whose process
+  SIGTERM ended after the batch's own SIGTERM (systemd stops a whole
+  control group): it is not charged as a failure. They keep the attempt: SQS
   cannot give one back. So a job that is released in --max-attempts
   batches in a row is dead without work: give --max-seconds room for a
   whole batch, so that it ends a batch early only when something is wrong.
@@ -331,6 +333,9 @@ def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
             return (kind, text)
     except (ValueError, UnicodeDecodeError):
         pass
+    if TERM["asked"] and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM:
+        # A stop signals the whole control group: the job was stopped, it did not fail.
+        return ("stopped", "its work's process was stopped by SIGTERM")
     return ("failed", "its work's process was %s before it reported" % death(status))
 
 
@@ -380,6 +385,9 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             counts["dead"] += 1
         else:
             kind, text = run_job(process, job, args.job_timeout, keep_alive)
+            if kind == "stopped":
+                unstarted.append(job)  # released as if not started: no failure is charged
+                continue
             if kind == "done":
                 if outcome(backend.done, job, text):
                     counts["done"] += 1

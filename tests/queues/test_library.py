@@ -213,6 +213,26 @@ def test_sigterm_releases_the_jobs_not_started():
     assert states(backend) == ["done", "ready", "ready"]
 
 
+def test_a_job_stopped_with_its_batch_is_released_not_failed():
+    backend = MemoryBackend(["a", "b"])
+    backend.jobs[0]["attempts"] = 2  # its last attempt comes next
+
+    def stopped(job):
+        os.kill(os.getppid(), signal.SIGTERM)  # systemd signals the whole control group
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
+    try:
+        assert run(backend, stopped, max_attempts=3) == 0
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        batchq_queue.TERM["asked"] = False
+    assert states(backend) == ["ready", "ready"]
+    assert [job["error"] for job in backend.jobs.values()] == [None, None]
+
+
 class Down(MemoryBackend):
     def claim(self, limit):
         raise batchq_queue.QueueError("connection refused")
