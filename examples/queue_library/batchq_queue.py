@@ -320,6 +320,9 @@ def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
             if len(data) > REPORT_BYTES:
                 outcome = ("failed", "its report had more than %d bytes" % REPORT_BYTES)
                 break
+            if b"\n" in chunk:
+                # The one report line is whole. A helper the job started may hold the pipe open: no EOF wait.
+                break
     finally:
         os.close(read_end)
         with contextlib.suppress(ProcessLookupError, PermissionError):

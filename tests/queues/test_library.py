@@ -128,6 +128,20 @@ def test_each_failure_is_its_jobs_alone():
             error.encode("utf-8")  # every text is clean UTF-8
 
 
+def test_a_helper_that_outlives_its_job_does_not_fail_it():
+    backend = MemoryBackend(["a"])
+
+    def helper(job):
+        if os.fork() == 0:
+            time.sleep(30)  # holds the report pipe open
+            os._exit(0)
+        return ok(job)
+
+    started = time.monotonic()
+    assert run(backend, helper, job_timeout=3.0) == 0
+    assert states(backend) == ["done"] and time.monotonic() - started < 2.5
+
+
 def test_clean_text_cleans_once():
     text = batchq_queue.clean_text("\x00" * 5000)
     assert batchq_queue.clean_text(text) == text
