@@ -70,7 +70,10 @@ ERROR_CHARS = 2000
 # A result's JSON text may have at most this many bytes.
 RESULT_BYTES = 1 << 20
 # A report from a job's child larger than this fails the job.
-REPORT_BYTES = RESULT_BYTES + 4 * ERROR_CHARS + 1024
+# The report encodes the result's JSON text again. That text is ASCII (json.dumps escapes the rest).
+# Encoding it again turns each backslash and quote into two bytes, and nothing into more.
+# An error report is far smaller: ERROR_CHARS characters of at most 12 bytes each.
+REPORT_BYTES = 2 * RESULT_BYTES + 1024
 MOST_ATTEMPTS = 1000
 # The longest backoff, in seconds: 2**64 seconds would overflow nothing,
 # but a queue cannot hold such a delay. Backends cap it lower (SQS: 12 h).

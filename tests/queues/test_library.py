@@ -142,6 +142,14 @@ def test_a_helper_that_outlives_its_job_does_not_fail_it():
     assert states(backend) == ["done"] and time.monotonic() - started < 2.5
 
 
+@pytest.mark.parametrize("character", ["\\", '"'])
+def test_a_result_under_the_limit_is_done_whatever_its_characters(character):
+    backend = MemoryBackend(["a"])
+    result = character * ((batchq_queue.RESULT_BYTES - 2) // 2)  # its JSON text: just under the limit
+    assert run(backend, lambda job: result) == 0
+    assert states(backend) == ["done"] and backend.jobs[0]["results"][0] == '"%s"' % (("\\" + character) * len(result))
+
+
 def test_clean_text_cleans_once():
     text = batchq_queue.clean_text("\x00" * 5000)
     assert batchq_queue.clean_text(text) == text
