@@ -6,7 +6,9 @@
 The queue must have a redrive policy with a dead-letter queue (DLQ) and a
 maxReceiveCount above --max-attempts; the batch exits 2 at start otherwise.
 The consumer itself moves a job to the DLQ after --max-attempts failed
-attempts. The redrive policy is the backstop: it moves a message whose
+attempts: the body, and the message attributes batchq-message-id,
+batchq-attempts and batchq-error. SQS allows 256 KiB for all of them: the
+error is cut to fit, and an attribute that does not fit is left out. The redrive policy is the backstop: it moves a message whose
 batches all died (the host lost, the consumer killed) before any could tell.
 
 Attempts: a message's ApproximateReceiveCount. SQS counts it at receive,
@@ -66,6 +68,8 @@ import batchq_queue
 MOST_MESSAGES = 10
 MOST_WAIT = 20
 MOST_VISIBILITY = 43200
+# A message's body and attributes (names, types and values) together, in bytes.
+MOST_BYTES = 262144
 
 
 def add_options(parser):
@@ -274,11 +278,9 @@ class SQSBackend(batchq_queue.Backend):
         self.hidden_at[job.id] = self.now()
 
     def dead(self, job, error):
-        params = {"QueueUrl": self.dlq_url, "MessageBody": job.payload or "(empty)",
-                  "MessageAttributes": {
-                      "batchq-error": {"DataType": "String", "StringValue": batchq_queue.clean_text(error) or "-"},
-                      "batchq-message-id": {"DataType": "String", "StringValue": job.id},
-                      "batchq-attempts": {"DataType": "Number", "StringValue": str(job.attempts)}}}
+        body = job.payload or "(empty)"
+        params = {"QueueUrl": self.dlq_url, "MessageBody": body,
+                  "MessageAttributes": dead_attributes(len(body.encode("utf-8")), job, error)}
         if self.fifo:
             params["MessageGroupId"] = job.group or "batchq"
             params["MessageDeduplicationId"] = job.id[:128]  # a second move within 5 minutes is dropped
@@ -313,6 +315,26 @@ class SQSBackend(batchq_queue.Backend):
         attributes = self.call("get_queue_attributes", QueueUrl=self.url,
                                AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
         return int(attributes.get("ApproximateNumberOfMessages", "0")) > 0
+
+
+def dead_attributes(body_bytes, job, error):
+    """The attributes of a job's copy in the DLQ that fit beside a body of body_bytes.
+    SQS counts the body and attributes together: the error is cut to fit, and an attribute that
+    does not fit is left out. The body is never cut: it is the job."""
+    wanted = [("batchq-message-id", "String", job.id), ("batchq-attempts", "Number", str(job.attempts)),
+              ("batchq-error", "String", batchq_queue.clean_text(error) or "-")]
+    room = MOST_BYTES - body_bytes
+    attributes = {}
+    for name, kind, value in wanted:
+        left = room - len(name) - len(kind)
+        if name == "batchq-error":
+            # "ignore" drops a character cut in two: the value stays valid UTF-8.
+            value = value.encode("utf-8")[:max(left, 0)].decode("utf-8", "ignore")
+        size = len(value.encode("utf-8"))
+        if value and size <= left:
+            attributes[name] = {"DataType": kind, "StringValue": value}
+            room = left - size
+    return attributes
 
 
 def write_once(path, text):

@@ -362,6 +362,27 @@ def test_a_control_character_in_the_last_error_still_reaches_the_dlq(tmp_path):
         "RuntimeError: \\x1b[31mconnection refused\\x1b[0m\\uffff")
 
 
+@pytest.mark.parametrize("room", [0, 30, 200])
+def test_a_body_near_the_size_limit_still_reaches_the_dlq(tmp_path, room):
+    fake, url = queue()
+    big = "x" * (262144 - room)  # SQS counts the body and attributes together
+    fake.add(url, big)
+    fake.add(url, "fine")
+
+    def process(job):
+        if job.payload == big:
+            raise RuntimeError("\u00e9" * 3000)  # two bytes a character: a cut must not split one
+        return ok(job)
+
+    assert run(fake, url, tmp_path, process, max_attempts=1) == 0  # the fake refuses more than the limit
+    dead, = fake.queues[fake.url("dlq")].messages
+    assert dead.body == big
+    names = sorted(dead.attributes)
+    assert names == {0: [], 30: ["batchq-attempts"], 200: ["batchq-attempts", "batchq-error", "batchq-message-id"]}[room]
+    if room == 200:
+        assert dead.attributes["batchq-error"]["StringValue"].startswith("RuntimeError: \u00e9")
+
+
 def test_enqueue_spreads_poison_jobs_one_kind_a_job():
     loader = importlib.machinery.SourceFileLoader("enqueue", os.path.join(SQS, "batchq-sqs-enqueue"))
     enqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
