@@ -290,8 +290,9 @@ def _child(process, job, reports):
         os._exit(status)  # no atexit handlers, no buffers of the parent written twice
 
 
-def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
+def run_job(process, job, timeout, keep_alive, heartbeat=None):
     """("done", result JSON text) or ("failed", error) of process(job) run in a child process."""
+    heartbeat = HEARTBEAT if heartbeat is None else heartbeat  # read now: a test may shorten it
     flush_stdio()
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -376,6 +377,8 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
 
     unstarted = []
     for job in jobs:
+        # Between jobs too: the last one's outcome (an fsync, a send) may have taken a while.
+        keep_alive()
         late = TERM["asked"] or (args.max_seconds and clock() - start >= args.max_seconds)
         if late or (job.group is not None and job.group in blocked):
             unstarted.append(job)

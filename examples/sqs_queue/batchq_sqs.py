@@ -23,7 +23,10 @@ keeps a group locked while one of its messages is in flight. A failed
 message stays in flight for its backoff and so holds its own group alone.
 
 Heartbeat: while the batch holds messages, each is made invisible again for
---visibility-timeout once half of it has passed (ChangeMessageVisibility).
+--visibility-timeout once half of it has passed (ChangeMessageVisibilityBatch).
+The batch checks about every second while a job runs, and between jobs.
+--visibility-timeout is 10 seconds at least: a slow call has room before a
+message would show again.
 
 Results once: SQS delivers at least once. A result is written to the
 results folder (--results, by default results/ in $STATE_DIRECTORY) as
@@ -66,6 +69,9 @@ import batchq_queue
 
 # SQS's own limits.
 MOST_MESSAGES = 10
+# The shortest --visibility-timeout. A renewal is due at half of it, and a heartbeat comes about
+# every second: 5 seconds leave room for a slow call before a message would show again.
+LEAST_VISIBILITY = 10
 MOST_WAIT = 20
 MOST_VISIBILITY = 43200
 # A message's body and attributes (names, types and values) together, in bytes.
@@ -85,8 +91,9 @@ def add_options(parser):
 
 def check(args):
     """What is wrong with the SQS options; None when nothing is."""
-    if not 2 <= args.visibility_timeout <= MOST_VISIBILITY:
-        return "--visibility-timeout: must be from 2 to %d seconds, got %s" % (MOST_VISIBILITY, args.visibility_timeout)
+    if not LEAST_VISIBILITY <= args.visibility_timeout <= MOST_VISIBILITY:
+        return "--visibility-timeout: must be from %d to %d seconds, got %s" % (
+            LEAST_VISIBILITY, MOST_VISIBILITY, args.visibility_timeout)
     if not 1 <= args.wait_seconds <= MOST_WAIT:
         return "--wait-seconds: must be from 1 to %d, got %s" % (MOST_WAIT, args.wait_seconds)
     if args.backoff_max > MOST_VISIBILITY:

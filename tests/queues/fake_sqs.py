@@ -62,8 +62,10 @@ class Queue:
 class FakeSQS:
     """The client methods batchq_sqs calls. ms is the clock, in milliseconds; now() in seconds."""
 
-    def __init__(self):
+    def __init__(self, speed=1):
         # Real time, so that a job's child process and the heartbeat see it pass; advance() adds to it.
+        # speed makes it pass faster: at 5, a second of real time is 5 seconds of the queue's.
+        self.speed = speed
         self.start = time.monotonic()
         self.offset_ms = 0
         self.queues = {}
@@ -75,7 +77,7 @@ class FakeSQS:
 
     @property
     def ms(self):
-        return int((time.monotonic() - self.start) * 1000) + self.offset_ms
+        return int((time.monotonic() - self.start) * 1000 * self.speed) + self.offset_ms
 
     def now(self):
         return self.ms / 1000.0

@@ -163,7 +163,7 @@ def test_on_sqs(moto_url):
         try:
             log = os.path.join(folder, "runs")
             open(log, "w").close()
-            backend = batchq_sqs.SQSBackend(sqs, url, os.path.join(folder, "results"), 5, 1)
+            backend = batchq_sqs.SQSBackend(sqs, url, os.path.join(folder, "results"), 10, 1)
             assert backend.setup(max_attempts) is None
 
             def empty():

@@ -31,8 +31,8 @@ def options(**changes):
     return args
 
 
-def queue(fifo=False, max_receive=10):
-    fake = FakeSQS()
+def queue(fifo=False, max_receive=10, speed=1):
+    fake = FakeSQS(speed)
     suffix = ".fifo" if fifo else ""
     fake.create_queue("dlq" + suffix)
     return fake, fake.create_queue("jobs" + suffix, dlq="dlq" + suffix, max_receive=max_receive)
@@ -57,15 +57,22 @@ def ok(job):
     return {"body": job.payload}
 
 
-def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path):
-    fake, url = queue()
+@pytest.fixture
+def fast(monkeypatch):
+    """The queue's time 5 times real time, and a heartbeat 5 times as often: a 10 s visibility passes in 2 s."""
+    monkeypatch.setattr(batchq_queue, "HEARTBEAT", 0.2)
+    return 5
+
+
+def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path, fast):
+    fake, url = queue(speed=fast)
     first, second = fake.add(url, "slow"), fake.add(url, "quick")
 
     def process(job):
-        time.sleep(3.0 if job.payload == "slow" else 0)
+        time.sleep(3.0 if job.payload == "slow" else 0)  # 15 s of the queue's time
         return ok(job)
 
-    assert run(fake, url, tmp_path, process, visibility=2) == 0
+    assert run(fake, url, tmp_path, process, visibility=10) == 0
     renewed = [entry["ReceiptHandle"] for params in calls(fake, "ChangeMessageVisibilityBatch")
                for entry in params["Entries"]]
     # every renewal found its message still in flight (the fake refuses it otherwise)
@@ -90,11 +97,11 @@ def test_a_stale_handle_stops_neither_the_other_renewals_nor_the_heartbeat(tmp_p
     assert [len(params["Entries"]) for params in calls(fake, "ChangeMessageVisibilityBatch")] == [10, 5, 10, 4]
 
 
-def test_done_messages_stay_hidden_until_they_are_deleted(tmp_path):
-    fake, url = queue()
+def test_done_messages_stay_hidden_until_they_are_deleted(tmp_path, fast):
+    fake, url = queue(speed=fast)
     for n in range(3):
         fake.add(url, str(n))
-    backend = make(fake, url, tmp_path, visibility=2)
+    backend = make(fake, url, tmp_path, visibility=10)
     finish = backend.finish
     again = []
 
@@ -105,7 +112,7 @@ def test_done_messages_stay_hidden_until_they_are_deleted(tmp_path):
     backend.finish = check_then_finish
 
     def slow(job):
-        time.sleep(1.5)
+        time.sleep(1.5)  # 7.5 s of the queue's time
         return ok(job)
 
     assert batchq_queue.run_batch(backend, slow, options()) == 0
@@ -124,9 +131,9 @@ def test_each_full_group_of_10_is_deleted_at_once(tmp_path):
 def test_delete_batch_retries_only_its_failed_entries_with_the_latest_handle(tmp_path):
     fake, url = queue()
     messages = [fake.add(url, str(n)) for n in range(3)]
-    backend = make(fake, url, tmp_path, visibility=1)
+    backend = make(fake, url, tmp_path, visibility=10)
     jobs = backend.claim(10)
-    fake.advance(2)  # their visibility lapses: a second receive gives new handles
+    fake.advance(11)  # their visibility lapses: a second receive gives new handles
     again = backend.claim(10)
     assert {job.id for job in again} == {job.id for job in jobs}
     fake.fail_delete_once.add(messages[1].id)
@@ -251,6 +258,7 @@ def test_a_fitting_redrive_policy_passes():
     (["--max-attempts", "0"], "--max-attempts"),
     (["--work-ms", "nan"], "--work-ms"),
     (["--visibility-timeout", "1"], "--visibility-timeout"),
+    (["--visibility-timeout", "9"], "--visibility-timeout"),
     (["--wait-seconds", "21"], "--wait-seconds"),
     (["--backoff-max", "50000"], "--backoff-max"),
     (["--results", ""], "--results"),

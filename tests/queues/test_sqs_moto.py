@@ -56,7 +56,7 @@ def drain(sqs, url, results, moto_url, max_attempts, runs=80, **more):
     codes = []
     for _round in range(runs):
         batch = program("batchq-sqs", "--queue-url", url, "--max-attempts", max_attempts, "--backoff-min", 0,
-                        "--backoff-max", 0, "--visibility-timeout", 5, "--wait-seconds", 1,
+                        "--backoff-max", 0, "--visibility-timeout", 10, "--wait-seconds", 1,
                         "--results", results, "--job-timeout", 20, *extra, moto_url=moto_url)
         codes.append(batch.returncode)
         assert batch.returncode in (0, 1, 75), batch.stderr
