@@ -200,7 +200,7 @@ def add_common_options(parser):
     parser.add_argument("--backoff-max", type=float, default=3600.0, help="the longest backoff, in seconds")
     parser.add_argument("--job-timeout", type=float, default=300.0, help="seconds a job may run")
     parser.add_argument("--max-seconds", type=float, default=0.0,
-                        help="no new job after this many seconds (0: no limit)")
+                        help="no new job this many seconds after the claim (0: no limit)")
     parser.add_argument("--backlog-exit-code", type=int, default=75, help="the consumer's backlog_exit_code")
     parser.add_argument("--work-ms", type=float, default=0.0, help="the stand-in's work per job")
     parser.add_argument("--fail-while", metavar="PATH",
@@ -348,7 +348,6 @@ def run_job(process, job, timeout, keep_alive, heartbeat=None):
 
 def run_batch(backend, process, args, clock=time.monotonic, uniform=random.uniform):
     """One batch; returns its exit code. Never raises QueueError."""
-    start = clock()
     counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "released": 0}
     errors = []
     try:
@@ -356,6 +355,8 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
     except QueueError as exc:
         print("batchq: the queue failed at the claim: %s" % clean_text(str(exc)), file=sys.stderr)
         return 1
+    # --max-seconds counts from here: a long poll that waited for work used none of it.
+    start = clock()
     counts["claimed"] = len(jobs)
     held = list(jobs)
     # A FIFO group whose job failed holds the rest of its jobs in this batch: they go back unstarted.

@@ -255,6 +255,20 @@ def test_a_job_stopped_with_its_batch_is_released_not_failed():
     assert [job["error"] for job in backend.jobs.values()] == [None, None]
 
 
+class LongPoll(MemoryBackend):
+    def claim(self, limit):
+        self.clock[0] += 20.0  # a long poll that waited for work
+        return super().claim(limit)
+
+
+def test_max_seconds_counts_from_the_claim_not_the_long_poll():
+    backend = LongPoll(["a", "b"])
+    backend.clock = [0.0]
+    args = options(max_seconds=10.0)
+    assert batchq_queue.run_batch(backend, ok, args, clock=lambda: backend.clock[0]) == 0
+    assert states(backend) == ["done", "done"]
+
+
 class Down(MemoryBackend):
     def claim(self, limit):
         raise batchq_queue.QueueError("connection refused")
