@@ -47,9 +47,10 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
 
 Exit codes: 0 when the batch took nothing, or less than a full batch and
 nothing more waits. --backlog-exit-code (75) when it did at least one job
-and more work waits. 1 when it claimed jobs and did none (an outage is a
-failure, not a backlog), or the queue failed (claim, or recording an
-outcome). 2 for a bad option, before anything is claimed.
+and more work waits. 1 when it claimed jobs, did none, and at least one
+failed or was dead (an outage is a failure, not a backlog), or the queue
+failed (claim, or recording an outcome). 2 for a bad option, before
+anything is claimed.
 """
 
 import argparse
@@ -75,8 +76,8 @@ RESULT_BYTES = 1 << 20
 # An error report is far smaller: ERROR_CHARS characters of at most 12 bytes each.
 REPORT_BYTES = 2 * RESULT_BYTES + 1024
 MOST_ATTEMPTS = 1000
-# The longest backoff, in seconds: 2**64 seconds would overflow nothing,
-# but a queue cannot hold such a delay. Backends cap it lower (SQS: 12 h).
+# The longest --backoff-min and --backoff-max, in seconds: a week.
+# A backend may allow less (SQS: 12 hours).
 MOST_BACKOFF = 7 * 24 * 3600.0
 # How often, in seconds, the batch asks the backend to keep its jobs claimed.
 HEARTBEAT = 1.0
@@ -275,8 +276,8 @@ def _child(process, job, reports):
             if len(text.encode("utf-8", "surrogatepass")) > RESULT_BYTES:
                 report = ["failed", "its result has more than %d bytes" % RESULT_BYTES]
             else:
-                json.loads(text)  # a lone surrogate, say, would fail here rather than in the store
-                report = ["done", text.encode("utf-8").decode("utf-8")]
+                # json.dumps escapes every character outside ASCII, a lone surrogate too: the text is ASCII.
+                report = ["done", text]
         except BaseException as exc:  # pylint: disable=broad-except  # SystemExit too: the job's, not the batch's
             report = ["failed", error_text(exc)]
         flush_stdio()

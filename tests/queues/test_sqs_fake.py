@@ -395,10 +395,31 @@ def test_a_body_near_the_size_limit_still_reaches_the_dlq(tmp_path, room):
         assert dead.attributes["batchq-error"]["StringValue"].startswith("RuntimeError: \u00e9")
 
 
-def test_enqueue_spreads_poison_jobs_one_kind_a_job():
+def load_enqueue():
     loader = importlib.machinery.SourceFileLoader("enqueue", os.path.join(SQS, "batchq-sqs-enqueue"))
     enqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(enqueue)
+    return enqueue
+
+
+def test_a_second_enqueue_run_is_not_a_duplicate_of_the_first(monkeypatch, capsys):
+    enqueue = load_enqueue()
+    sent = []
+
+    class Client:
+        def send_message_batch(self, QueueUrl, Entries):  # noqa: N803 (boto3's names)
+            sent.append([entry["MessageDeduplicationId"] for entry in Entries])
+            return {}
+
+    monkeypatch.setattr(batchq_sqs, "client", lambda args: Client())
+    for _run in range(2):
+        assert enqueue.main(["3", "--queue-url", "https://sqs.fake/q.fifo", "--fifo-groups", "2"]) == 0
+    first, second = sent
+    assert len(set(first)) == 3 and not set(first) & set(second)
+
+
+def test_enqueue_spreads_poison_jobs_one_kind_a_job():
+    enqueue = load_enqueue()
     for count, crashing, raising in [(10, 2, 3), (3, 3, 0), (5, 2, 3), (100, 7, 1)]:
         chosen = enqueue.faults(count, crashing, raising)
         assert sorted(chosen.values()) == ["crash"] * crashing + ["raise"] * raising
