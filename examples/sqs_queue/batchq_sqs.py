@@ -8,8 +8,9 @@ maxReceiveCount above --max-attempts; the batch exits 2 at start otherwise.
 The consumer itself moves a job to the DLQ after --max-attempts failed
 attempts: the body, and the message attributes batchq-message-id,
 batchq-attempts and batchq-error. SQS allows 256 KiB for all of them: the
-error is cut to fit, and an attribute that does not fit is left out. The redrive policy is the backstop: it moves a message whose
-batches all died (the host lost, the consumer killed) before any could tell.
+error is cut to fit, and an attribute that does not fit is left out.
+The redrive policy is the backstop: it moves a message whose batches all
+died (the host lost, the consumer killed) before any could tell.
 
 Attempts: a message's ApproximateReceiveCount. SQS counts it at receive,
 before any work.
