@@ -367,7 +367,9 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
         try:
             backend.keep_alive(held)
         except QueueError as exc:
-            errors.append("keep_alive: %s" % clean_text(str(exc)))
+            error = "keep_alive: %s" % clean_text(str(exc))
+            if error not in errors:  # a queue down during a long job fails every heartbeat alike
+                errors.append(error)
 
     def outcome(call, *values):
         try:

@@ -268,6 +268,23 @@ def test_max_seconds_counts_from_the_claim_not_the_long_poll():
     assert states(backend) == ["done", "done"]
 
 
+class NoHeartbeat(MemoryBackend):
+    def keep_alive(self, jobs):
+        raise batchq_queue.QueueError("connection refused")
+
+
+def test_a_heartbeat_that_keeps_failing_is_reported_once(monkeypatch, capsys):
+    monkeypatch.setattr(batchq_queue, "HEARTBEAT", 0.01)
+    backend = NoHeartbeat(["a"])
+
+    def slow(job):
+        time.sleep(0.5)
+        return ok(job)
+
+    assert run(backend, slow) == 1
+    assert capsys.readouterr().err.count("keep_alive: connection refused") == 1
+
+
 class Down(MemoryBackend):
     def claim(self, limit):
         raise batchq_queue.QueueError("connection refused")
