@@ -40,8 +40,8 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
 - No new job starts after SIGTERM or after --max-seconds. The jobs not
   started go back to the queue (release). So does a job whose process
   SIGTERM ended after the batch's own SIGTERM (systemd stops a whole
-  control group): it is not charged as a failure. They keep the attempt: SQS
-  cannot give one back. So a job that is released in --max-attempts
+  control group): it is not charged as a failure. They keep the attempt:
+  SQS cannot give one back. So a job that is released in --max-attempts
   batches in a row is dead without work: give --max-seconds room for a
   whole batch, so that it ends a batch early only when something is wrong.
 

@@ -187,7 +187,7 @@ class SQSBackend(batchq_queue.Backend):
         self.handles = {}      # message id: its latest receipt handle
         self.hidden_at = {}    # message id: when its visibility was last set
         self.received_at = {}  # message id: its first receive in this batch
-        self.deletes = []      # message ids to delete at finish
+        self.deletes = []      # message ids to delete: a full group of 10 at once, the rest at finish
         self.lost = set()      # message ids whose visibility SQS refused to change: not renewed again
 
     def call(self, name, **params):
