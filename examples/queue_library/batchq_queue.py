@@ -34,19 +34,23 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
   (jitter, so jobs that failed together do not come back together).
 - A job that fails its --max-attempts-th attempt is dead. A job claimed
   with more attempts than that (the batches of its earlier attempts died
-  before they could tell) is dead before any work.
+  before they could tell) is dead before any work, unless its result was
+  applied already: then it is done.
 - A result is applied once: the backend's done() must see to that.
 - No new job starts after SIGTERM or after --max-seconds. The jobs not
-  started go back to the queue (release). They keep the attempt: SQS
-  cannot give one back. So a job that is released in --max-attempts
+  started go back to the queue (release). So does a job whose process
+  SIGTERM ended after the batch's own SIGTERM (systemd stops a whole
+  control group): it is not charged as a failure. They keep the attempt:
+  SQS cannot give one back. So a job that is released in --max-attempts
   batches in a row is dead without work: give --max-seconds room for a
   whole batch, so that it ends a batch early only when something is wrong.
 
 Exit codes: 0 when the batch took nothing, or less than a full batch and
 nothing more waits. --backlog-exit-code (75) when it did at least one job
-and more work waits. 1 when it claimed jobs and did none (an outage is a
-failure, not a backlog), or the queue failed (claim, or recording an
-outcome). 2 for a bad option, before anything is claimed.
+and more work waits. 1 when it claimed jobs, did none, and at least one
+failed or was dead (an outage is a failure, not a backlog), or the queue
+failed (claim, or recording an outcome). 2 for a bad option, before
+anything is claimed.
 """
 
 import argparse
@@ -55,6 +59,7 @@ import json
 import math
 import os
 import random
+import re
 import select
 import signal
 import sys
@@ -66,10 +71,13 @@ ERROR_CHARS = 2000
 # A result's JSON text may have at most this many bytes.
 RESULT_BYTES = 1 << 20
 # A report from a job's child larger than this fails the job.
-REPORT_BYTES = RESULT_BYTES + 4 * ERROR_CHARS + 1024
+# The report encodes the result's JSON text again. That text is ASCII (json.dumps escapes the rest).
+# Encoding it again turns each backslash and quote into two bytes, and nothing into more.
+# An error report is far smaller: ERROR_CHARS characters of at most 12 bytes each.
+REPORT_BYTES = 2 * RESULT_BYTES + 1024
 MOST_ATTEMPTS = 1000
-# The longest backoff, in seconds: 2**64 seconds would overflow nothing,
-# but a queue cannot hold such a delay. Backends cap it lower (SQS: 12 h).
+# The longest --backoff-min and --backoff-max, in seconds: a week.
+# A backend may allow less (SQS: 12 hours).
 MOST_BACKOFF = 7 * 24 * 3600.0
 # How often, in seconds, the batch asks the backend to keep its jobs claimed.
 HEARTBEAT = 1.0
@@ -133,10 +141,19 @@ class Backend:
         return False
 
 
+# The characters XML 1.0 allows, and so SQS. Any other one is written as an escape.
+UNSAFE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _escape(match):
+    code = ord(match.group())
+    return "\\x%02x" % code if code < 0x100 else "\\u%04x" % code
+
+
 def clean_text(text):
-    """text as UTF-8 and every store can hold it: NUL and lone surrogates as escapes, cut to ERROR_CHARS.
-    Cleaning twice changes nothing more."""
-    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    """text as UTF-8 and every store can hold it: control characters, U+FFFE, U+FFFF and lone
+    surrogates as escapes, cut to ERROR_CHARS. Cleaning twice changes nothing more."""
+    text = UNSAFE.sub(_escape, text)
     if len(text) <= ERROR_CHARS:
         return text
     said = "... (%d characters)" % len(text)
@@ -184,7 +201,7 @@ def add_common_options(parser):
     parser.add_argument("--backoff-max", type=float, default=3600.0, help="the longest backoff, in seconds")
     parser.add_argument("--job-timeout", type=float, default=300.0, help="seconds a job may run")
     parser.add_argument("--max-seconds", type=float, default=0.0,
-                        help="no new job after this many seconds (0: no limit)")
+                        help="no new job this many seconds after the claim (0: no limit)")
     parser.add_argument("--backlog-exit-code", type=int, default=75, help="the consumer's backlog_exit_code")
     parser.add_argument("--work-ms", type=float, default=0.0, help="the stand-in's work per job")
     parser.add_argument("--fail-while", metavar="PATH",
@@ -259,8 +276,8 @@ def _child(process, job, reports):
             if len(text.encode("utf-8", "surrogatepass")) > RESULT_BYTES:
                 report = ["failed", "its result has more than %d bytes" % RESULT_BYTES]
             else:
-                json.loads(text)  # a lone surrogate, say, would fail here rather than in the store
-                report = ["done", text.encode("utf-8").decode("utf-8")]
+                # json.dumps escapes every character outside ASCII, a lone surrogate too: the text is ASCII.
+                report = ["done", text]
         except BaseException as exc:  # pylint: disable=broad-except  # SystemExit too: the job's, not the batch's
             report = ["failed", error_text(exc)]
         flush_stdio()
@@ -274,8 +291,9 @@ def _child(process, job, reports):
         os._exit(status)  # no atexit handlers, no buffers of the parent written twice
 
 
-def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
+def run_job(process, job, timeout, keep_alive, heartbeat=None):
     """("done", result JSON text) or ("failed", error) of process(job) run in a child process."""
+    heartbeat = HEARTBEAT if heartbeat is None else heartbeat  # read now: a test may shorten it
     flush_stdio()
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -307,6 +325,9 @@ def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
             if len(data) > REPORT_BYTES:
                 outcome = ("failed", "its report had more than %d bytes" % REPORT_BYTES)
                 break
+            if b"\n" in chunk:
+                # The one report line is whole. A helper the job started may hold the pipe open: no EOF wait.
+                break
     finally:
         os.close(read_end)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -320,12 +341,14 @@ def run_job(process, job, timeout, keep_alive, heartbeat=HEARTBEAT):
             return (kind, text)
     except (ValueError, UnicodeDecodeError):
         pass
+    if TERM["asked"] and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM:
+        # A stop signals the whole control group: the job was stopped, it did not fail.
+        return ("stopped", "its work's process was stopped by SIGTERM")
     return ("failed", "its work's process was %s before it reported" % death(status))
 
 
 def run_batch(backend, process, args, clock=time.monotonic, uniform=random.uniform):
     """One batch; returns its exit code. Never raises QueueError."""
-    start = clock()
     counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "released": 0}
     errors = []
     try:
@@ -333,6 +356,8 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
     except QueueError as exc:
         print("batchq: the queue failed at the claim: %s" % clean_text(str(exc)), file=sys.stderr)
         return 1
+    # --max-seconds counts from here: a long poll that waited for work used none of it.
+    start = clock()
     counts["claimed"] = len(jobs)
     held = list(jobs)
     # A FIFO group whose job failed holds the rest of its jobs in this batch: they go back unstarted.
@@ -342,7 +367,9 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
         try:
             backend.keep_alive(held)
         except QueueError as exc:
-            errors.append("keep_alive: %s" % clean_text(str(exc)))
+            error = "keep_alive: %s" % clean_text(str(exc))
+            if error not in errors:  # a queue down during a long job fails every heartbeat alike
+                errors.append(error)
 
     def outcome(call, *values):
         try:
@@ -354,20 +381,26 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
 
     unstarted = []
     for job in jobs:
+        # Between jobs too: the last one's outcome (an fsync, a send) may have taken a while.
+        keep_alive()
         late = TERM["asked"] or (args.max_seconds and clock() - start >= args.max_seconds)
         if late or (job.group is not None and job.group in blocked):
             unstarted.append(job)
             continue
-        if job.attempts > args.max_attempts:
+        # A result stored already wins over the attempts: only its delete was lost.
+        if backend.has_result(job):
+            if outcome(backend.done, job, None):
+                counts["done"] += 1
+        elif job.attempts > args.max_attempts:
             # Its earlier attempts' batches died before they could tell.
             outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
                     % (job.attempts - 1, args.max_attempts))
             counts["dead"] += 1
-        elif backend.has_result(job):
-            if outcome(backend.done, job, None):
-                counts["done"] += 1
         else:
             kind, text = run_job(process, job, args.job_timeout, keep_alive)
+            if kind == "stopped":
+                unstarted.append(job)  # released as if not started: no failure is charged
+                continue
             if kind == "done":
                 if outcome(backend.done, job, text):
                     counts["done"] += 1

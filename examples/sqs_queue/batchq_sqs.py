@@ -6,8 +6,11 @@
 The queue must have a redrive policy with a dead-letter queue (DLQ) and a
 maxReceiveCount above --max-attempts; the batch exits 2 at start otherwise.
 The consumer itself moves a job to the DLQ after --max-attempts failed
-attempts. The redrive policy is the backstop: it moves a message whose
-batches all died (the host lost, the consumer killed) before any could tell.
+attempts: the body, and the message attributes batchq-message-id,
+batchq-attempts and batchq-error. SQS allows 256 KiB for all of them: the
+error is cut to fit, and an attribute that does not fit is left out.
+The redrive policy is the backstop: it moves a message whose batches all
+died (the host lost, the consumer killed) before any could tell.
 
 Attempts: a message's ApproximateReceiveCount. SQS counts it at receive,
 before any work.
@@ -21,7 +24,10 @@ keeps a group locked while one of its messages is in flight. A failed
 message stays in flight for its backoff and so holds its own group alone.
 
 Heartbeat: while the batch holds messages, each is made invisible again for
---visibility-timeout once half of it has passed (ChangeMessageVisibility).
+--visibility-timeout once half of it has passed (ChangeMessageVisibilityBatch).
+The batch checks about every second while a job runs, and between jobs.
+--visibility-timeout is 10 seconds at least: a slow call has room before a
+message would show again.
 
 Results once: SQS delivers at least once. A result is written to the
 results folder (--results, by default results/ in $STATE_DIRECTORY) as
@@ -31,9 +37,10 @@ result is there already is deleted without work. The folder is local to one
 host: consumers on several hosts need a shared store with the same
 create-once rule (a database row with a unique key, say).
 
-Done and dead messages are deleted by DeleteMessageBatch at the end of the
-batch. Its Failed entries alone are retried, each with the message's latest
-receipt handle, up to three times.
+Done and dead messages are deleted by DeleteMessageBatch, 10 at a time as
+they end, and the rest at the end of the batch. Until then the heartbeat
+keeps them hidden too. Its Failed entries alone are retried, each with the
+message's latest receipt handle, up to three times.
 
 A failed job's message is made visible again after its backoff (its
 visibility timeout set to the backoff, at most 12 hours less its time in
@@ -63,8 +70,13 @@ import batchq_queue
 
 # SQS's own limits.
 MOST_MESSAGES = 10
+# The shortest --visibility-timeout. A renewal is due at half of it, and a heartbeat comes about
+# every second: 5 seconds leave room for a slow call before a message would show again.
+LEAST_VISIBILITY = 10
 MOST_WAIT = 20
 MOST_VISIBILITY = 43200
+# A message's body and attributes (names, types and values) together, in bytes.
+MOST_BYTES = 262144
 
 
 def add_options(parser):
@@ -80,8 +92,9 @@ def add_options(parser):
 
 def check(args):
     """What is wrong with the SQS options; None when nothing is."""
-    if not 2 <= args.visibility_timeout <= MOST_VISIBILITY:
-        return "--visibility-timeout: must be from 2 to %d seconds, got %s" % (MOST_VISIBILITY, args.visibility_timeout)
+    if not LEAST_VISIBILITY <= args.visibility_timeout <= MOST_VISIBILITY:
+        return "--visibility-timeout: must be from %d to %d seconds, got %s" % (
+            LEAST_VISIBILITY, MOST_VISIBILITY, args.visibility_timeout)
     if not 1 <= args.wait_seconds <= MOST_WAIT:
         return "--wait-seconds: must be from 1 to %d, got %s" % (MOST_WAIT, args.wait_seconds)
     if args.backoff_max > MOST_VISIBILITY:
@@ -174,7 +187,8 @@ class SQSBackend(batchq_queue.Backend):
         self.handles = {}      # message id: its latest receipt handle
         self.hidden_at = {}    # message id: when its visibility was last set
         self.received_at = {}  # message id: its first receive in this batch
-        self.deletes = []      # message ids to delete at finish
+        self.deletes = []      # message ids to delete: a full group of 10 at once, the rest at finish
+        self.lost = set()      # message ids whose visibility SQS refused to change: not renewed again
 
     def call(self, name, **params):
         try:
@@ -219,20 +233,35 @@ class SQSBackend(batchq_queue.Backend):
 
     def keep_alive(self, jobs):
         now = self.now()
-        due = [job for job in jobs if now - self.hidden_at[job.id] >= self.visibility / 2.0]
+        # A done or dead message waits for its delete: until then it must stay hidden too.
+        keys = [job.id for job in jobs] + self.deletes
+        due = [key for key in keys if key not in self.lost and now - self.hidden_at[key] >= self.visibility / 2.0]
         self.set_visibility(due, self.visibility)
 
-    def set_visibility(self, jobs, seconds):
-        for start in range(0, len(jobs), MOST_MESSAGES):
-            part = jobs[start:start + MOST_MESSAGES]
-            entries = [{"Id": str(number), "ReceiptHandle": self.handles[job.id], "VisibilityTimeout": seconds}
-                       for number, job in enumerate(part)]
+    def set_visibility(self, keys, seconds):
+        """Set the visibility of every message in keys, 10 a call, then raise once for what failed.
+        A message SQS refused is not renewed again: its handle is stale, or it is back in the queue."""
+        problems = []
+        for start in range(0, len(keys), MOST_MESSAGES):
+            part = keys[start:start + MOST_MESSAGES]
+            entries = [{"Id": str(number), "ReceiptHandle": self.handles[key], "VisibilityTimeout": seconds}
+                       for number, key in enumerate(part)]
             now = self.now()
-            reply = self.call("change_message_visibility_batch", QueueUrl=self.url, Entries=entries)
+            try:
+                reply = self.call("change_message_visibility_batch", QueueUrl=self.url, Entries=entries)
+            except batchq_queue.QueueError as exc:
+                problems.append(str(exc))  # the other groups are still set
+                continue
             for entry in reply.get("Successful", []):
-                self.hidden_at[part[int(entry["Id"])].id] = now
-            if reply.get("Failed"):
-                raise batchq_queue.QueueError("change_message_visibility_batch: %s" % reply["Failed"])
+                self.hidden_at[part[int(entry["Id"])]] = now
+            for entry in reply.get("Failed", []):
+                key = part[int(entry["Id"])]
+                self.lost.add(key)
+                problems.append("%s: %s" % (key, entry.get("Code")))
+        if problems:
+            # The first few say what went wrong; the error stays short however many failed.
+            raise batchq_queue.QueueError("change_message_visibility_batch: %d failed: %s" % (
+                len(problems), "; ".join(problems[:3])))
 
     def result_path(self, job):
         # Message ids are UUIDs; anything else is kept out of the path.
@@ -247,7 +276,7 @@ class SQSBackend(batchq_queue.Backend):
                 write_once(self.result_path(job), result)
             except OSError as exc:  # a full disk, say: the job stays on the queue
                 raise batchq_queue.QueueError("the result of %s: %s" % (job.id, exc))
-        self.deletes.append(job.id)
+        self.delete_later(job.id)
 
     def failed(self, job, error, delay):
         in_flight = self.now() - self.received_at[job.id]
@@ -257,20 +286,24 @@ class SQSBackend(batchq_queue.Backend):
         self.hidden_at[job.id] = self.now()
 
     def dead(self, job, error):
-        params = {"QueueUrl": self.dlq_url, "MessageBody": job.payload or "(empty)",
-                  "MessageAttributes": {
-                      "batchq-error": {"DataType": "String", "StringValue": batchq_queue.clean_text(error) or "-"},
-                      "batchq-message-id": {"DataType": "String", "StringValue": job.id},
-                      "batchq-attempts": {"DataType": "Number", "StringValue": str(job.attempts)}}}
+        body = job.payload or "(empty)"
+        params = {"QueueUrl": self.dlq_url, "MessageBody": body,
+                  "MessageAttributes": dead_attributes(len(body.encode("utf-8")), job, error)}
         if self.fifo:
             params["MessageGroupId"] = job.group or "batchq"
             params["MessageDeduplicationId"] = job.id[:128]  # a second move within 5 minutes is dropped
         # A crash between the send and the delete leaves a copy in each queue; never none.
         self.call("send_message", **params)
-        self.deletes.append(job.id)
+        self.delete_later(job.id)
 
     def release(self, jobs):
-        self.set_visibility(list(jobs), 0)
+        self.set_visibility([job.id for job in jobs], 0)
+
+    def delete_later(self, key):
+        """Buffer a delete; a full group of 10 is deleted at once, so few messages wait."""
+        self.deletes.append(key)
+        if len(self.deletes) >= MOST_MESSAGES:
+            self.finish()
 
     def finish(self):
         pending, self.deletes = self.deletes, []
@@ -290,6 +323,26 @@ class SQSBackend(batchq_queue.Backend):
         attributes = self.call("get_queue_attributes", QueueUrl=self.url,
                                AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
         return int(attributes.get("ApproximateNumberOfMessages", "0")) > 0
+
+
+def dead_attributes(body_bytes, job, error):
+    """The attributes of a job's copy in the DLQ that fit beside a body of body_bytes.
+    SQS counts the body and attributes together: the error is cut to fit, and an attribute that
+    does not fit is left out. The body is never cut: it is the job."""
+    wanted = [("batchq-message-id", "String", job.id), ("batchq-attempts", "Number", str(job.attempts)),
+              ("batchq-error", "String", batchq_queue.clean_text(error) or "-")]
+    room = MOST_BYTES - body_bytes
+    attributes = {}
+    for name, kind, value in wanted:
+        left = room - len(name) - len(kind)
+        if name == "batchq-error":
+            # "ignore" drops a character cut in two: the value stays valid UTF-8.
+            value = value.encode("utf-8")[:max(left, 0)].decode("utf-8", "ignore")
+        size = len(value.encode("utf-8"))
+        if value and size <= left:
+            attributes[name] = {"DataType": kind, "StringValue": value}
+            room = left - size
+    return attributes
 
 
 def write_once(path, text):

@@ -9,7 +9,10 @@ What only this fake checks (moto does not, or not exactly):
 - visibility to the millisecond (moto counts whole seconds);
 - a short receive (WaitTimeSeconds 0) that misses messages, when asked;
 - a DeleteMessageBatch entry that fails once, when asked;
-- FIFO groups: a group with a message in flight gives nothing.
+- FIFO groups: a group with a message in flight gives nothing;
+- a message SQS refuses: a character outside XML 1.0's in its body or an
+  attribute value, an empty String or Number value, or a body and attributes
+  of more than 256 KiB together.
 What the tests check against moto instead: a whole drain through boto3 and
 HTTP, redrive policies read at start, the dead-letter queue filled, and the
 property test's runs on a real (if lenient) SQS.
@@ -17,6 +20,7 @@ property test's runs on a real (if lenient) SQS.
 
 import itertools
 import json
+import re
 import time
 
 import botocore.session
@@ -25,6 +29,10 @@ from botocore.exceptions import ClientError
 
 MODEL = botocore.session.get_session().get_service_model("sqs")
 ACCOUNT = "123456789012"
+# The characters SQS takes in a body or an attribute value: XML 1.0's.
+SQS_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*\\Z")
+# A message's body and attributes (names, types and values) together, in bytes.
+MOST_BYTES = 262144
 
 
 def error(code, operation, message=""):
@@ -54,8 +62,10 @@ class Queue:
 class FakeSQS:
     """The client methods batchq_sqs calls. ms is the clock, in milliseconds; now() in seconds."""
 
-    def __init__(self):
+    def __init__(self, speed=1):
         # Real time, so that a job's child process and the heartbeat see it pass; advance() adds to it.
+        # speed makes it pass faster: at 5, a second of real time is 5 seconds of the queue's.
+        self.speed = speed
         self.start = time.monotonic()
         self.offset_ms = 0
         self.queues = {}
@@ -67,7 +77,7 @@ class FakeSQS:
 
     @property
     def ms(self):
-        return int((time.monotonic() - self.start) * 1000) + self.offset_ms
+        return int((time.monotonic() - self.start) * 1000 * self.speed) + self.offset_ms
 
     def now(self):
         return self.ms / 1000.0
@@ -111,6 +121,23 @@ class FakeSQS:
         if "VisibilityTimeout" in params:
             assert 0 <= params["VisibilityTimeout"] <= 43200
         return self.queues[params["QueueUrl"]]
+
+    def check_message(self, operation, body, attributes):
+        """Raise as SQS does for a message it refuses."""
+        if not body or not SQS_TEXT.match(body):
+            raise error("InvalidParameterValue", operation, "the body is empty or has invalid characters")
+        size = len(body.encode("utf-8"))
+        for name, attribute in attributes.items():
+            size += len(name.encode("utf-8")) + len(attribute["DataType"].encode("utf-8"))
+            if attribute["DataType"].split(".")[0] == "Binary":
+                size += len(attribute.get("BinaryValue", b""))
+                continue
+            value = attribute.get("StringValue", "")
+            if not value or not SQS_TEXT.match(value):
+                raise error("InvalidParameterValue", operation, "attribute %s is empty or has invalid characters" % name)
+            size += len(value.encode("utf-8"))
+        if size > MOST_BYTES:
+            raise error("InvalidParameterValue", operation, "the message has %d bytes, more than %d" % (size, MOST_BYTES))
 
     def in_flight(self, message):
         return message.handle is not None and message.visible_at > self.ms
@@ -212,6 +239,7 @@ class FakeSQS:
         queue = self.check("SendMessage", params)
         if queue.fifo:
             assert params.get("MessageGroupId") and params.get("MessageDeduplicationId")
+        self.check_message("SendMessage", params["MessageBody"], params.get("MessageAttributes", {}))
         message = Message(next(self.numbers), params["MessageBody"], params.get("MessageGroupId"),
                           params.get("MessageAttributes", {}))
         queue.messages.append(message)

@@ -128,10 +128,41 @@ def test_each_failure_is_its_jobs_alone():
             error.encode("utf-8")  # every text is clean UTF-8
 
 
+def test_a_helper_that_outlives_its_job_does_not_fail_it():
+    backend = MemoryBackend(["a"])
+
+    def helper(job):
+        if os.fork() == 0:
+            time.sleep(30)  # holds the report pipe open
+            os._exit(0)
+        return ok(job)
+
+    started = time.monotonic()
+    assert run(backend, helper, job_timeout=3.0) == 0
+    assert states(backend) == ["done"] and time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize("character", ["\\", '"'])
+def test_a_result_under_the_limit_is_done_whatever_its_characters(character):
+    backend = MemoryBackend(["a"])
+    result = character * ((batchq_queue.RESULT_BYTES - 2) // 2)  # its JSON text: just under the limit
+    assert run(backend, lambda job: result) == 0
+    assert states(backend) == ["done"] and backend.jobs[0]["results"][0] == '"%s"' % (("\\" + character) * len(result))
+
+
 def test_clean_text_cleans_once():
     text = batchq_queue.clean_text("\x00" * 5000)
     assert batchq_queue.clean_text(text) == text
     assert len(text) == batchq_queue.ERROR_CHARS
+
+
+def test_clean_text_escapes_what_sqs_refuses_and_keeps_the_rest():
+    odd = "".join(map(chr, range(32))) + "\x7f\ud800\ufffe\uffff\U0001f600"
+    text = batchq_queue.clean_text(odd)
+    assert text == ("\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\t\n\\x0b\\x0c\r"
+                    + "".join("\\x%02x" % code for code in range(14, 32))
+                    + "\x7f\\ud800\\ufffe\\uffff\U0001f600")
+    assert batchq_queue.clean_text(text) == text
 
 
 def test_dead_after_exactly_max_attempts_and_the_rest_unharmed():
@@ -162,6 +193,14 @@ def test_a_result_already_applied_is_not_applied_again():
     assert backend.jobs[0]["results"] == ['"first"']
 
 
+def test_a_result_already_applied_wins_over_attempts_run_out():
+    backend = MemoryBackend(["a"])
+    backend.jobs[0]["results"].append('"first"')
+    backend.jobs[0]["attempts"] = 3  # its result was stored, but the batch died before the delete
+    assert run(backend, ok, max_attempts=3) == 0
+    assert states(backend) == ["done"] and backend.jobs[0]["results"] == ['"first"']
+
+
 def test_backoff_doubles_with_jitter_and_never_overflows():
     low = [batchq_queue.backoff(n, 10, 3600, lambda a, b: a) for n in (1, 2, 3, 100, 10 ** 9)]
     high = [batchq_queue.backoff(n, 10, 3600, lambda a, b: b) for n in (1, 2, 3, 100, 10 ** 9)]
@@ -183,8 +222,8 @@ def test_sigterm_releases_the_jobs_not_started():
     backend = MemoryBackend(["a", "b", "c"])
 
     def stop_after_first(job):
+        # The signal is pending before the report is written: the parent's handler runs first.
         os.kill(os.getppid(), signal.SIGTERM)
-        time.sleep(0.2)  # the parent's handler runs
         return ok(job)
 
     old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
@@ -194,6 +233,56 @@ def test_sigterm_releases_the_jobs_not_started():
         signal.signal(signal.SIGTERM, old)
         batchq_queue.TERM["asked"] = False
     assert states(backend) == ["done", "ready", "ready"]
+
+
+def test_a_job_stopped_with_its_batch_is_released_not_failed():
+    backend = MemoryBackend(["a", "b"])
+    backend.jobs[0]["attempts"] = 2  # its last attempt comes next
+
+    def stopped(job):
+        os.kill(os.getppid(), signal.SIGTERM)  # systemd signals the whole control group
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
+    try:
+        assert run(backend, stopped, max_attempts=3) == 0
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        batchq_queue.TERM["asked"] = False
+    assert states(backend) == ["ready", "ready"]
+    assert [job["error"] for job in backend.jobs.values()] == [None, None]
+
+
+class LongPoll(MemoryBackend):
+    def claim(self, limit):
+        self.clock[0] += 20.0  # a long poll that waited for work
+        return super().claim(limit)
+
+
+def test_max_seconds_counts_from_the_claim_not_the_long_poll():
+    backend = LongPoll(["a", "b"])
+    backend.clock = [0.0]
+    args = options(max_seconds=10.0)
+    assert batchq_queue.run_batch(backend, ok, args, clock=lambda: backend.clock[0]) == 0
+    assert states(backend) == ["done", "done"]
+
+
+class NoHeartbeat(MemoryBackend):
+    def keep_alive(self, jobs):
+        raise batchq_queue.QueueError("connection refused")
+
+
+def test_a_heartbeat_that_keeps_failing_is_reported_once(monkeypatch, capsys):
+    monkeypatch.setattr(batchq_queue, "HEARTBEAT", 0.01)
+    backend = NoHeartbeat(["a"])
+
+    def slow(job):
+        time.sleep(0.5)
+        return ok(job)
+
+    assert run(backend, slow) == 1
+    assert capsys.readouterr().err.count("keep_alive: connection refused") == 1
 
 
 class Down(MemoryBackend):

@@ -1,5 +1,6 @@
 """A property test of the contract: hypothesis draws jobs that succeed, fail
-for a while, raise any exception with any text (NUL, lone surrogates, 1 MB),
+for a while, raise any exception with any text (NUL and the other control
+characters, U+FFFF, lone surrogates, 1 MB),
 return what JSON cannot hold, die by SIGSEGV, hang past --job-timeout or
 flood their output. Run against the in-memory backend and against SQS on a
 moto server, every job ends done exactly once, or dead after exactly
@@ -24,7 +25,8 @@ import batchq_queue
 import batchq_sqs
 
 TIMEOUT = 0.5  # a hang costs this much per attempt; the other jobs end in milliseconds
-ODD_TEXTS = ["", "a NUL \x00 byte", "a lone \udcff surrogate", "x" * (1 << 20), "\ud800", "\n" * 5000]
+ODD_TEXTS = ["", "a NUL \x00 byte", "a lone \udcff surrogate", "x" * (1 << 20), "\ud800", "\n" * 5000,
+             "".join(map(chr, range(32))), "\x1b[31mred\x1b[0m", "\x7f\uffff\ufffe"]
 
 
 class BadStr(Exception):
@@ -132,7 +134,7 @@ def test_every_job_done_once_or_dead_after_max_attempts_in_memory(case):
                 assert job["state"] == "done" and len(job["results"]) == 1, (step, job)
             else:
                 assert job["state"] == "dead" and job["attempts"] == max_attempts, (step, job)
-                assert len(job["error"]) <= batchq_queue.ERROR_CHARS and "\x00" not in job["error"]
+                assert len(job["error"]) <= batchq_queue.ERROR_CHARS and not batchq_queue.UNSAFE.search(job["error"])
                 job["error"].encode("utf-8")
         check_runs(jobs, max_attempts, log)
     finally:
@@ -161,7 +163,7 @@ def test_on_sqs(moto_url):
         try:
             log = os.path.join(folder, "runs")
             open(log, "w").close()
-            backend = batchq_sqs.SQSBackend(sqs, url, os.path.join(folder, "results"), 5, 1)
+            backend = batchq_sqs.SQSBackend(sqs, url, os.path.join(folder, "results"), 10, 1)
             assert backend.setup(max_attempts) is None
 
             def empty():

@@ -31,8 +31,8 @@ def options(**changes):
     return args
 
 
-def queue(fifo=False, max_receive=10):
-    fake = FakeSQS()
+def queue(fifo=False, max_receive=10, speed=1):
+    fake = FakeSQS(speed)
     suffix = ".fifo" if fifo else ""
     fake.create_queue("dlq" + suffix)
     return fake, fake.create_queue("jobs" + suffix, dlq="dlq" + suffix, max_receive=max_receive)
@@ -57,15 +57,22 @@ def ok(job):
     return {"body": job.payload}
 
 
-def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path):
-    fake, url = queue()
+@pytest.fixture
+def fast(monkeypatch):
+    """The queue's time 5 times real time, and a heartbeat 5 times as often: a 10 s visibility passes in 2 s."""
+    monkeypatch.setattr(batchq_queue, "HEARTBEAT", 0.2)
+    return 5
+
+
+def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path, fast):
+    fake, url = queue(speed=fast)
     first, second = fake.add(url, "slow"), fake.add(url, "quick")
 
     def process(job):
-        time.sleep(3.0 if job.payload == "slow" else 0)
+        time.sleep(3.0 if job.payload == "slow" else 0)  # 15 s of the queue's time
         return ok(job)
 
-    assert run(fake, url, tmp_path, process, visibility=2) == 0
+    assert run(fake, url, tmp_path, process, visibility=10) == 0
     renewed = [entry["ReceiptHandle"] for params in calls(fake, "ChangeMessageVisibilityBatch")
                for entry in params["Entries"]]
     # every renewal found its message still in flight (the fake refuses it otherwise)
@@ -75,12 +82,58 @@ def test_the_heartbeat_keeps_a_long_job_and_the_jobs_behind_it_hidden(tmp_path):
     assert sorted(os.listdir(tmp_path / "results")) == sorted([first.id + ".json", second.id + ".json"])
 
 
+def test_a_stale_handle_stops_neither_the_other_renewals_nor_the_heartbeat(tmp_path):
+    fake, url = queue()
+    messages = [fake.add(url, str(n)) for n in range(15)]
+    backend = make(fake, url, tmp_path, visibility=30)
+    jobs = backend.claim(15)
+    messages[1].handle = "taken-by-another-consumer"
+    fake.advance(15)
+    with pytest.raises(batchq_queue.QueueError, match="1 failed"):
+        backend.keep_alive(jobs)
+    fake.advance(16)  # past the first visibility: only the renewed messages are still hidden
+    assert [fake.in_flight(message) for message in messages] == [True, False] + [True] * 13
+    backend.keep_alive(jobs)  # the stale one is not tried again: no second error
+    assert [len(params["Entries"]) for params in calls(fake, "ChangeMessageVisibilityBatch")] == [10, 5, 10, 4]
+
+
+def test_done_messages_stay_hidden_until_they_are_deleted(tmp_path, fast):
+    fake, url = queue(speed=fast)
+    for n in range(3):
+        fake.add(url, str(n))
+    backend = make(fake, url, tmp_path, visibility=10)
+    finish = backend.finish
+    again = []
+
+    def check_then_finish():
+        again.extend(fake.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []))
+        finish()
+
+    backend.finish = check_then_finish
+
+    def slow(job):
+        time.sleep(1.5)  # 7.5 s of the queue's time
+        return ok(job)
+
+    assert batchq_queue.run_batch(backend, slow, options()) == 0
+    assert again == []  # another consumer would have received the done ones again
+    assert fake.bodies(url) == []
+
+
+def test_each_full_group_of_10_is_deleted_at_once(tmp_path):
+    fake, url = queue()
+    for n in range(12):
+        fake.add(url, str(n))
+    assert run(fake, url, tmp_path, ok, limit=12) == 75  # a full batch
+    assert [len(params["Entries"]) for params in calls(fake, "DeleteMessageBatch")] == [10, 2]
+
+
 def test_delete_batch_retries_only_its_failed_entries_with_the_latest_handle(tmp_path):
     fake, url = queue()
     messages = [fake.add(url, str(n)) for n in range(3)]
-    backend = make(fake, url, tmp_path, visibility=1)
+    backend = make(fake, url, tmp_path, visibility=10)
     jobs = backend.claim(10)
-    fake.advance(2)  # their visibility lapses: a second receive gives new handles
+    fake.advance(11)  # their visibility lapses: a second receive gives new handles
     again = backend.claim(10)
     assert {job.id for job in again} == {job.id for job in jobs}
     fake.fail_delete_once.add(messages[1].id)
@@ -159,15 +212,19 @@ def test_a_batch_of_25_takes_three_receives(tmp_path):
 
 
 def test_a_failed_message_comes_back_after_its_backoff_to_the_millisecond(tmp_path):
-    fake, url = queue()
-    message = fake.add(url, "a")
+    fake, url = queue(speed=0)  # the queue's clock moves only by advance(): exact to the millisecond
+    fake.add(url, "a")
 
     def fail(job):
         raise ValueError("no")
 
     assert run(fake, url, tmp_path, fail, backoff_min=4.0, backoff_max=4.0) == 1
     params, = calls(fake, "ChangeMessageVisibility")
-    assert params["VisibilityTimeout"] in (2, 3, 4) and message.visible_at - fake.ms > 1000
+    assert params["VisibilityTimeout"] in (2, 3, 4)
+    fake.advance(params["VisibilityTimeout"] - 0.001)
+    assert fake.receive_message(QueueUrl=url) == {}  # one millisecond early: still hidden
+    fake.advance(0.001)
+    assert [m["Body"] for m in fake.receive_message(QueueUrl=url)["Messages"]] == ["a"]
 
 
 def test_a_second_delivery_is_deleted_without_work(tmp_path):
@@ -205,6 +262,7 @@ def test_a_fitting_redrive_policy_passes():
     (["--max-attempts", "0"], "--max-attempts"),
     (["--work-ms", "nan"], "--work-ms"),
     (["--visibility-timeout", "1"], "--visibility-timeout"),
+    (["--visibility-timeout", "9"], "--visibility-timeout"),
     (["--wait-seconds", "21"], "--wait-seconds"),
     (["--backoff-max", "50000"], "--backoff-max"),
     (["--results", ""], "--results"),
@@ -249,8 +307,8 @@ def test_sigterm_sends_the_messages_not_started_back_at_once(tmp_path):
     messages = [fake.add(url, str(n)) for n in range(3)]
 
     def stop(job):
+        # The signal is pending before the report is written: the batch's handler runs first.
         os.kill(os.getppid(), signal.SIGTERM)
-        time.sleep(0.2)  # the batch's handler runs
         return ok(job)
 
     old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
@@ -284,10 +342,84 @@ def test_the_fake_is_strict():
         fake.change_message_visibility(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=5)
 
 
-def test_enqueue_spreads_poison_jobs_one_kind_a_job():
+def test_the_fake_refuses_what_sqs_refuses():
+    fake, url = queue()
+
+    def send(body="a", value="v", kind="String"):
+        fake.send_message(QueueUrl=url, MessageBody=body,
+                          MessageAttributes={"n": {"DataType": kind, "StringValue": value}})
+
+    send()
+    for bad in [dict(value="\x1b[31m"), dict(value="\uffff"), dict(value=""), dict(value="", kind="Number"),
+                dict(body="\x07"), dict(body="x" * (262144 - 7))]:
+        with pytest.raises(ClientError, match="InvalidParameterValue"):
+            send(**bad)
+    send(body="x" * (262144 - 8))  # body, name, type and value: 256 KiB exactly
+
+
+def test_a_control_character_in_the_last_error_still_reaches_the_dlq(tmp_path):
+    fake, url = queue()
+    fake.add(url, "colour")
+    fake.add(url, "fine")
+
+    def process(job):
+        if job.payload == "colour":
+            raise RuntimeError("\x1b[31mconnection refused\x1b[0m\uffff")
+        return ok(job)
+
+    assert run(fake, url, tmp_path, process, max_attempts=1) == 0
+    assert fake.bodies(url) == []
+    dead, = fake.queues[fake.url("dlq")].messages
+    assert dead.attributes["batchq-error"]["StringValue"] == (
+        "RuntimeError: \\x1b[31mconnection refused\\x1b[0m\\uffff")
+
+
+@pytest.mark.parametrize("room", [0, 30, 200])
+def test_a_body_near_the_size_limit_still_reaches_the_dlq(tmp_path, room):
+    fake, url = queue()
+    big = "x" * (262144 - room)  # SQS counts the body and attributes together
+    fake.add(url, big)
+    fake.add(url, "fine")
+
+    def process(job):
+        if job.payload == big:
+            raise RuntimeError("\u00e9" * 3000)  # two bytes a character: a cut must not split one
+        return ok(job)
+
+    assert run(fake, url, tmp_path, process, max_attempts=1) == 0  # the fake refuses more than the limit
+    dead, = fake.queues[fake.url("dlq")].messages
+    assert dead.body == big
+    names = sorted(dead.attributes)
+    assert names == {0: [], 30: ["batchq-attempts"], 200: ["batchq-attempts", "batchq-error", "batchq-message-id"]}[room]
+    if room == 200:
+        assert dead.attributes["batchq-error"]["StringValue"].startswith("RuntimeError: \u00e9")
+
+
+def load_enqueue():
     loader = importlib.machinery.SourceFileLoader("enqueue", os.path.join(SQS, "batchq-sqs-enqueue"))
     enqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(enqueue)
+    return enqueue
+
+
+def test_a_second_enqueue_run_is_not_a_duplicate_of_the_first(monkeypatch, capsys):
+    enqueue = load_enqueue()
+    sent = []
+
+    class Client:
+        def send_message_batch(self, QueueUrl, Entries):  # noqa: N803 (boto3's names)
+            sent.append([entry["MessageDeduplicationId"] for entry in Entries])
+            return {}
+
+    monkeypatch.setattr(batchq_sqs, "client", lambda args: Client())
+    for _run in range(2):
+        assert enqueue.main(["3", "--queue-url", "https://sqs.fake/q.fifo", "--fifo-groups", "2"]) == 0
+    first, second = sent
+    assert len(set(first)) == 3 and not set(first) & set(second)
+
+
+def test_enqueue_spreads_poison_jobs_one_kind_a_job():
+    enqueue = load_enqueue()
     for count, crashing, raising in [(10, 2, 3), (3, 3, 0), (5, 2, 3), (100, 7, 1)]:
         chosen = enqueue.faults(count, crashing, raising)
         assert sorted(chosen.values()) == ["crash"] * crashing + ["raise"] * raising
