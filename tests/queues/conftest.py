@@ -1,5 +1,6 @@
 """Shared fixtures of the queue tests: the examples on sys.path, a moto server."""
 
+import argparse
 import os
 import signal
 import socket
@@ -14,6 +15,18 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 LIBRARY = os.path.join(TOP, "examples", "queue_library")
 SQS = os.path.join(TOP, "examples", "sqs_queue")
 sys.path[:0] = [LIBRARY, SQS]
+
+
+def parsed_options(defaults, changes):
+    """The library's common options as main() parses them with no argument,
+    then the test file's defaults, then the test's own changes."""
+    # imported here: it is importable only once LIBRARY is on sys.path, above
+    import batchq_queue  # pylint: disable=import-outside-toplevel
+    parser = argparse.ArgumentParser()
+    batchq_queue.add_common_options(parser)
+    args = parser.parse_args([])
+    vars(args).update(defaults, **changes)
+    return args
 
 
 def free_port():

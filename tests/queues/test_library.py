@@ -1,7 +1,6 @@
 """The contract library against its in-memory backend: options, exit codes,
 failures confined to their job, attempts, backoff, dead jobs, results once."""
 
-import argparse
 import os
 import signal
 import sys
@@ -11,6 +10,7 @@ import pytest
 
 import batchq_queue
 from batchq_queue import MemoryBackend
+from conftest import parsed_options
 
 
 @pytest.fixture(autouse=True)
@@ -23,13 +23,7 @@ def sigterm_handler_restored():
 
 
 def options(**changes):
-    parser = argparse.ArgumentParser()
-    batchq_queue.add_common_options(parser)
-    args = parser.parse_args([])
-    args.backoff_min = args.backoff_max = 0.0
-    args.job_timeout = 5.0
-    vars(args).update(changes)
-    return args
+    return parsed_options(dict(backoff_min=0.0, backoff_max=0.0, job_timeout=5.0), changes)
 
 
 def run(backend, process, **changes):

@@ -17,18 +17,12 @@ from botocore.exceptions import ClientError
 
 import batchq_queue
 import batchq_sqs
-from conftest import SQS
+from conftest import SQS, parsed_options
 from fake_sqs import FakeSQS
 
 
 def options(**changes):
-    parser = argparse.ArgumentParser()
-    batchq_queue.add_common_options(parser)
-    args = parser.parse_args([])
-    args.backoff_min = args.backoff_max = 100.0
-    args.job_timeout = 10.0
-    vars(args).update(changes)
-    return args
+    return parsed_options(dict(backoff_min=100.0, backoff_max=100.0, job_timeout=10.0), changes)
 
 
 def queue(fifo=False, max_receive=10, speed=1):
