@@ -267,6 +267,21 @@ def write_result(folder, done, base, file_id, text):
     return True
 
 
+# The lock descriptors of the batches this process runs.
+LOCKS = set()
+
+
+def close_locks():
+    """In a job's child: close the locks, so that a lock ends with its batch, not with a job left running."""
+    for descriptor in LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=close_locks)
+
+
 def backend(args):
     return SpoolBackend(args)
 
@@ -284,14 +299,6 @@ class SpoolBackend(batchq_queue.Backend):
         self.folder = self.lock = None
         self.started = set()  # the claimed names whose work started
         self.did = {"claimed": [], "done": [], "redone": [], "errors": [], "left": [], "taken": [], "error": None}
-        os.register_at_fork(after_in_child=self.forget_lock)
-
-    def forget_lock(self):
-        """In a job's child: close the lock, so that it ends with the batch, not with a job left running."""
-        if self.lock is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.lock)
-            self.lock = None
 
     @contextlib.contextmanager
     def failing(self, step):
@@ -310,6 +317,7 @@ class SpoolBackend(batchq_queue.Backend):
         try:
             with self.failing("claim"):
                 self.folder, self.lock = self.open_claim()
+                LOCKS.add(self.lock)
                 self.did["taken"] = self.take_back()
                 names = self.claim_files(limit, strangers, too_long)
         except batchq_queue.QueueError:
@@ -381,7 +389,8 @@ class SpoolBackend(batchq_queue.Backend):
                 self.did["errors"] += [{"name": name, "error": self.did["error"]}
                                        for name in emptied["counted"] + emptied["failed"]]
         finally:
-            self.forget_lock()
+            LOCKS.discard(self.lock)
+            os.close(self.lock)
             self.record_end()
 
     def more(self):
