@@ -111,6 +111,10 @@ class Backend:
         """Up to limit jobs, each with its attempt counted. [] only when the queue is empty."""
         raise NotImplementedError
 
+    def start(self, job):
+        """Called just before the job's work starts. A backend that gives back the attempts
+        of jobs not started (the spool) notes here the one at work."""
+
     def has_result(self, job):
         """True when the job's result was applied already (a second delivery): it is acked, not run."""
         return False
@@ -396,6 +400,9 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
                     % (job.attempts - 1, args.max_attempts))
             counts["dead"] += 1
+        elif not outcome(backend.start, job):
+            unstarted.append(job)
+            continue
         else:
             kind, text = run_job(process, job, args.job_timeout, keep_alive)
             if kind == "stopped":
