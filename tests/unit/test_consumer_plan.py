@@ -308,8 +308,8 @@ def test_a_consumer_marked_absent_goes_with_its_units_secrets_hook_state_and_met
     assert removal["drain"] == ["batchq-thumbs.service", "batchq-thumbs@*.service"]
     assert sorted(removal["absent"]) == sorted(
         THUMBS_ON_HOST["found"][UNIT_DIR] + THUMBS_ON_HOST["found"][SECRETS_DIR] + ["/var/lib/batchq-hooks/thumbs.json"])
-    assert [e["path"] for e in removal["files"]] == ["/var/lib/prometheus/node-exporter/batchq-thumbs" + suffix
-                                                    for suffix in (".prom", ".paused.prom", ".d")]
+    stem = "/var/lib/prometheus/node-exporter/batchq-thumbs"
+    assert [e["path"] for e in removal["files"]] == [stem + suffix for suffix in (".prom", ".paused.prom", ".d")]
     assert {e["state"] for e in removal["files"]} == {"absent"}
     # deleted with its units, not again after them
     assert removal["stale_secrets"] == []
