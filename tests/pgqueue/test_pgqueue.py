@@ -133,6 +133,16 @@ def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
     assert (end["event"], end["outcome"], end["done"], end["left"]) == wanted, end
 
 
+def test_loop_runs_batch_after_batch_while_work_waits(client, queue):
+    # benchmarks/fleet.sh's long-lived worker: full batches say more work waits, and the next begins at once
+    state = "/tmp/" + queue
+    enqueue(client, queue, 25)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "10", "--loop", state=state)
+    assert code == 0, output  # the last batch, 5 jobs, found nothing more due
+    assert states(queue) == {"done": 25}
+    assert [len(r["ids"]) for r in client.records(state) if r["event"] == "claim"] == [10, 10, 5]
+
+
 def kill_batch(client, state):
     """SIGKILL to a batch started by client.start and to the child doing its work."""
     client.shell("kill -KILL $(cat {0}/pid) $(ps -o pid= --ppid $(cat {0}/pid))".format(state))
