@@ -118,12 +118,14 @@ unit: collection
 pgqueue: $(VENV)/.installed images
 	pytest tests/pgqueue
 
-# The queue library and the SQS example (examples/queue_library, examples/sqs_queue)
-# against an in-memory queue, a strict fake of SQS and a moto server on 127.0.0.1.
+# The queue library, the SQS and spool examples (examples/queue_library, examples/sqs_queue,
+# examples/spool_queue) against an in-memory queue, a strict fake of SQS, a moto server on
+# 127.0.0.1 and spools in temporary folders.
 # No bytecode nor pytest cache is left in the tree; hypothesis keeps its files below CACHE.
 queues: $(QUEUES_VENV)/.installed
-	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue tests/queues \
-	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue
+	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue examples/spool_queue tests/queues \
+	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue \
+	  examples/spool_queue/batchq-spool examples/spool_queue/batchq-spool-enqueue
 	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
 	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
 

@@ -55,6 +55,7 @@ anything is claimed.
 
 import argparse
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -115,6 +116,10 @@ class Backend:
     def claim(self, limit):
         """Up to limit jobs, each with its attempt counted. [] only when the queue is empty."""
         raise NotImplementedError
+
+    def start(self, job):
+        """Called just before the job's work starts. A backend that gives back the attempts
+        of jobs not started (the spool) notes here the one at work."""
 
     def has_result(self, job):
         """True when the job's result was applied already (a second delivery): it is acked, not run."""
@@ -297,16 +302,36 @@ def _child(process, job, reports):
         os._exit(status)  # no atexit handlers, no buffers of the parent written twice
 
 
+# prctl(2) option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent):
+    """In a job's process: be killed when the batch's process dies.
+
+    The job's process leads a process group of its own, so that a hung job is
+    killed with what it started. A drain's runner kills a batch that outlasts
+    its timeout by the batch's process group, which then misses the job: without
+    this, the job would run on beside the next batch. Linux only; elsewhere the
+    job's process outlives a killed batch until it ends."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the batch died before prctl(): no signal will come
+        os._exit(1)
+
+
 def run_job(process, job, timeout, keep_alive, heartbeat=None):
     """("done", result JSON text) or ("failed", error) of process(job) run in a child process."""
     heartbeat = HEARTBEAT if heartbeat is None else heartbeat  # read now: a test may shorten it
     flush_stdio()
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # a group of its own: a hung job is killed with what it started
+        die_with_parent(parent)
         _child(process, job, write_end)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
@@ -402,6 +427,9 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
                     % (job.attempts - 1, args.max_attempts))
             counts["dead"] += 1
+        elif not outcome(backend.start, job):
+            unstarted.append(job)
+            continue
         else:
             kind, text = run_job(process, job, args.job_timeout, keep_alive)
             if kind == "stopped":

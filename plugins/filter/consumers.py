@@ -59,7 +59,8 @@ def consumer_questions(normalized, account=DEFAULT_ACCOUNT):
 
 def consumer_plan(normalized, answers, settings, host="this host"):
     # A switch given on the command line (-e consumer_metrics=false) is a string.
-    return plan(normalized, answers, dict(settings, metrics=boolean(settings["metrics"], strict=False)), host)
+    switches = {name: boolean(settings[name], strict=False) for name in ("metrics", "exclusive")}
+    return plan(normalized, answers, dict(settings, **switches), host)
 
 
 def consumer_file_texts(files, folder):

@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import preload_pythons
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
@@ -156,12 +157,40 @@ def with_texts(files, read):
             if "source" in entry else entry for entry in files]
 
 
-def plan(units, answers, settings, host="this host"):
-    """What the role installs on a host, from the normalised consumers and the
-    consumer_preflight module's answers. What to remove is not in it yet:
-    remove.yml and secrets_cleanup.yml decide that from the host's units.
+def removal(units, answers, settings, encrypted):
+    """What the host has that the consumers no longer want, from the units and
+    secrets consumer_preflight found there (answers["found"]).
 
-    settings: account, prefix, metrics (bool), metrics_dir and helper_dir.
+    The role removes it after it installs the wanted units: "stop" (timer
+    globs), "drain" (services whose batches must end first), "absent" (the
+    unit files, drop-ins and symlinks, with the secrets and hook state of the
+    consumers that go away, in one step: a later failure leaves no secret of
+    a consumer that is gone), "files" (their metrics files) and "removed"
+    (the names of those consumers). Then "stale_secrets": the secret files of
+    consumers that stay but no longer name them (or name the other form,
+    encrypted or not), deleted once no unit names them.
+    """
+    found = answers["found"]
+    left = leftovers(found.get(settings["unit_dir"], []), units, settings["prefix"], settings["exclusive"])
+    secrets = found.get(settings["secrets_dir"], [])
+    absent = (left["remove"] + stale_secrets(secrets, [], left["removed"])
+              + ["%s/%s.json" % (settings["hooks_state_dir"], name) for name in left["removed"]])
+    return {
+        "stop": left["stop"],
+        "drain": left["drain"],
+        "absent": absent,
+        "files": metrics_files(left["removed"], settings["metrics_dir"], settings["prefix"], enabled=False),
+        "removed": left["removed"],
+        "stale_secrets": [path for path in stale_secrets(secrets, units, (), encrypted) if path not in absent],
+    }
+
+
+def plan(units, answers, settings, host="this host"):
+    """What the role does on a host, from the normalised consumers and the
+    consumer_preflight module's answers.
+
+    settings: account, prefix, exclusive (bool), metrics (bool), metrics_dir,
+    helper_dir, unit_dir, secrets_dir and hooks_state_dir.
     """
     kept = installed(units)
     systemd = systemd_support(answers["systemctl_version"], host)
@@ -197,6 +226,7 @@ def plan(units, answers, settings, host="this host"):
         # metrics off, their removal (consumer_metrics says what and why).
         "files": (helper_files(units, metrics, settings["helper_dir"]) + metrics_folder
                   + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics)),
+        "removal": removal(units, answers, settings, systemd["features"]["credentials_encrypted"]),
     }
 
 

@@ -59,6 +59,28 @@ options:
     type: list
     elements: str
     default: []
+  find:
+    description:
+      - Folders to list; RV(found) has the result. Like C(ansible.builtin.find) with C(file_type=any)
+        and C(hidden=true), links are listed and never followed. The role lists its units and
+        secrets, so that the controller works out what is no longer wanted before it changes anything.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The folder; one that does not exist has nothing in it.
+        type: path
+        required: true
+      patterns:
+        description: Shell patterns a name must match (any of them).
+        type: list
+        elements: str
+        default: ["*"]
+      depth:
+        description: How deep to look, C(1) for the folder's own entries, C(2) for those of its subfolders too.
+        type: int
+        default: 1
 attributes:
   check_mode:
     support: full
@@ -109,6 +131,11 @@ groups:
   returned: always
   type: dict
   sample: {batchq: 998}
+found:
+  description: For each folder of O(find), the paths below it whose names match, sorted.
+  returned: always
+  type: dict
+  sample: {/etc/systemd/system: [/etc/systemd/system/batchq-thumbs.service, /etc/systemd/system/batchq-thumbs.timer]}
 units:
   description: The SHA-256 of each regular file in O(unit_dir) whose name matches O(unit_patterns).
   returned: always
@@ -186,6 +213,19 @@ def unit_digests(folder, patterns):
     return digests
 
 
+def find(folder, patterns, depth):
+    """The paths below folder, depth levels deep, whose names match one of
+    patterns; links are listed, never followed."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        level = root[len(folder):].count(os.sep) + 1
+        names = folders + files
+        found += [os.path.join(root, name) for name in names if any(fnmatch.fnmatch(name, p) for p in patterns)]
+        if level >= depth:
+            folders[:] = []
+    return sorted(found)
+
+
 def first_line(path):
     """A file's first line, at most 512 bytes of it, or None if it cannot be read."""
     try:
@@ -241,6 +281,11 @@ def main():
             "first_lines": {"type": "list", "elements": "path", "default": []},
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
             "unit_patterns": {"type": "list", "elements": "str", "default": []},
+            "find": {"type": "list", "elements": "dict", "default": [], "options": {
+                "path": {"type": "path", "required": True},
+                "patterns": {"type": "list", "elements": "str", "default": ["*"]},
+                "depth": {"type": "int", "default": 1},
+            }},
         },
         supports_check_mode=True,
     )
@@ -262,6 +307,7 @@ def main():
         missing_paths=[path for path in module.params["paths"] if not os.path.exists(path)],
         credentials_shared=is_shared(read_mountinfo(), "/run/credentials"),
         units=unit_digests(module.params["unit_dir"], module.params["unit_patterns"]),
+        found={entry["path"]: find(entry["path"], entry["patterns"], entry["depth"]) for entry in module.params["find"]},
     )
 
 

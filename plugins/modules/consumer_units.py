@@ -102,28 +102,6 @@ options:
     type: list
     elements: str
     default: []
-  find:
-    description:
-      - Folders to list after the units are written and the timers switched, without a round trip
-        of its own; RV(found) has the result. Like C(ansible.builtin.find) with C(file_type=any) and
-        C(hidden=true), links are listed and never followed.
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      path:
-        description: The folder; one that does not exist has nothing in it.
-        type: path
-        required: true
-      patterns:
-        description: Shell patterns a name must match (any of them).
-        type: list
-        elements: str
-        default: ["*"]
-      depth:
-        description: How deep to look, C(1) for the folder's own entries, C(2) for those of its subfolders too.
-        type: int
-        default: 1
   verify:
     description:
       - Check O(units) with C(systemd-analyze verify) before writing them. Set it to V(false)
@@ -198,11 +176,6 @@ ran:
   type: list
   elements: str
   sample: [batchq-thumbs@1.service]
-found:
-  description: For each folder of O(find), the paths below it whose names match, sorted.
-  returned: always
-  type: dict
-  sample: {/etc/systemd/system: [/etc/systemd/system/batchq-thumbs.service, /etc/systemd/system/batchq-thumbs.timer]}
 busy:
   description: Services of O(run) that were running a batch and were left alone.
   returned: always
@@ -211,7 +184,6 @@ busy:
   sample: [batchq-thumbs@2.service]
 """
 
-import fnmatch
 import os
 import re
 import shutil
@@ -459,19 +431,6 @@ def run_idle(module, services):
     return idle, busy
 
 
-def find(folder, patterns, depth):
-    """The paths below folder, depth levels deep, whose names match one of
-    patterns; links are listed, never followed."""
-    found = []
-    for root, folders, files in os.walk(folder):
-        level = root[len(folder):].count(os.sep) + 1
-        names = folders + files
-        found += [os.path.join(root, name) for name in names if any(fnmatch.fnmatch(name, p) for p in patterns)]
-        if level >= depth:
-            folders[:] = []
-    return sorted(found)
-
-
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -489,11 +448,6 @@ def main():
             "finish": {"type": "list", "elements": "str", "default": []},
             "run": {"type": "list", "elements": "str", "default": []},
             "wait": {"type": "int", "default": 0},
-            "find": {"type": "list", "elements": "dict", "default": [], "options": {
-                "path": {"type": "path", "required": True},
-                "patterns": {"type": "list", "elements": "str", "default": ["*"]},
-                "depth": {"type": "int", "default": 1},
-            }},
         },
         supports_check_mode=True,
     )
@@ -511,10 +465,8 @@ def main():
     ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
     wait_until_idle(module, module.params["finish"], module.params["wait"])
     ran, busy = run_idle(module, module.params["run"])
-    found = {entry["path"]: find(entry["path"], entry["patterns"], entry["depth"]) for entry in module.params["find"]}
     module.exit_json(changed=bool(written or reloaded or started or stopped or ending or ran), written=written,
-                     reloaded=reloaded, started=started, stopped=stopped, ending=ending, ran=ran, busy=busy,
-                     found=found, diff=diffs)
+                     reloaded=reloaded, started=started, stopped=stopped, ending=ending, ran=ran, busy=busy, diff=diffs)
 
 
 if __name__ == "__main__":

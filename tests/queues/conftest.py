@@ -14,7 +14,8 @@ import pytest
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBRARY = os.path.join(TOP, "examples", "queue_library")
 SQS = os.path.join(TOP, "examples", "sqs_queue")
-sys.path[:0] = [LIBRARY, SQS]
+SPOOL = os.path.join(TOP, "examples", "spool_queue")
+sys.path[:0] = [LIBRARY, SQS, SPOOL]
 
 
 def parsed_options(defaults, changes):

@@ -1,6 +1,7 @@
 """The contract library against its in-memory backend: options, exit codes,
 failures confined to their job, attempts, backoff, dead jobs, results once."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -134,6 +135,50 @@ def test_a_helper_that_outlives_its_job_does_not_fail_it():
     started = time.monotonic()
     assert run(backend, helper, job_timeout=3.0) == 0
     assert states(backend) == ["done"] and time.monotonic() - started < 2.5
+
+
+def alive(pid):
+    """Whether pid runs (a zombie has ended)."""
+    try:
+        with open("/proc/%d/stat" % pid) as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_jobs_process_dies_with_its_batch(tmp_path):
+    """A drain's runner kills a batch that outlasts its timeout by the batch's
+    process group. The job's process leads a group of its own: it must die
+    too, not run on beside the next batch."""
+    noted = tmp_path / "job.pid"
+
+    def hang(job):
+        noted.write_text(str(os.getpid()))
+        time.sleep(120)
+
+    batch = os.fork()
+    if batch == 0:  # the batch, in a process group of its own as the runner starts it
+        os.setpgid(0, 0)
+        try:
+            run(MemoryBackend(["a"]), hang, job_timeout=600.0)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 30
+        while not (noted.exists() and noted.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        job = int(noted.read_text())
+        assert alive(job)
+        os.killpg(batch, signal.SIGKILL)
+        os.waitpid(batch, 0)
+        deadline = time.monotonic() + 10
+        while alive(job) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(job), "the job's process %d outlived its batch" % job
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.killpg(batch, signal.SIGKILL)
+            os.waitpid(batch, 0)
 
 
 @pytest.mark.parametrize("character", ["\\", '"'])

@@ -2,8 +2,8 @@
 for a while, raise any exception with any text (NUL and the other control
 characters, U+FFFF, lone surrogates, 1 MB),
 return what JSON cannot hold, die by SIGSEGV, hang past --job-timeout or
-flood their output. Run against the in-memory backend and against SQS on a
-moto server, every job ends done exactly once, or dead after exactly
+flood their output. Run against the in-memory backend, against SQS on a
+moto server and against a spool directory, every job ends done exactly once, or dead after exactly
 --max-attempts; no job that could succeed goes dead; the drain takes a
 bounded number of batches."""
 
@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import batchq_queue
+import batchq_spool
 import batchq_sqs
 
 TIMEOUT = 0.5  # a hang costs this much per attempt; the other jobs end in milliseconds
@@ -59,9 +60,9 @@ def innocent(step, max_attempts):
     return step[0] in ("ok", "flood") or (step[0] == "flaky" and step[1] < max_attempts)
 
 
-def make_process(jobs, log):
+def make_process(jobs, log, payload):
     def process(job):
-        index = json.loads(job.payload)["i"]
+        index = json.loads(payload(job))["i"]
         step = jobs[index]
         kind = step[0]
         if kind == "flood":
@@ -97,11 +98,12 @@ def options(limit, max_attempts):
     return args
 
 
-def drain(backend, jobs, args, log, empty):
-    process = make_process(jobs, log)
+def drain(backend, jobs, args, log, empty, payload=lambda job: job.payload):
+    """Batches until empty(). backend is the queue, or a function that makes each batch's (the spool's)."""
+    process = make_process(jobs, log, payload)
     bound = len(jobs) * args.max_attempts + 3  # every batch but the last makes progress
     for batches in range(1, bound + 1):
-        code = batchq_queue.run_batch(backend, process, args)
+        code = batchq_queue.run_batch(backend() if callable(backend) else backend, process, args)
         assert code in (0, 1, 75)
         if code == 0 and empty():
             return batches
@@ -190,3 +192,41 @@ def test_on_sqs(moto_url):
             shutil.rmtree(folder)
 
     run()
+
+
+def read(job):
+    with open(job.payload) as handle:
+        return handle.read()
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan)
+@example({"jobs": [("hang",), ("segv",), ("flaky", 1), ("ok",)], "limit": 2, "max_attempts": 2})
+def test_on_a_spool(case):
+    """The same property on a spool directory: each file's result in done/ once, the others in failed/."""
+    jobs, max_attempts = case["jobs"], case["max_attempts"]
+    folder = tempfile.mkdtemp()
+    try:
+        log = os.path.join(folder, "runs")
+        open(log, "w").close()
+        spool = os.path.join(folder, "spool")
+        for name in batchq_spool.FOLDERS:
+            os.makedirs(os.path.join(spool, name))
+        for index in range(len(jobs)):
+            with open(os.path.join(spool, "incoming", "job-%d" % index), "w") as handle:
+                handle.write(json.dumps({"i": index}))
+        args = options(case["limit"], max_attempts)
+        args.spool, args.records_bytes = spool, 1 << 20
+
+        def empty():
+            return not os.listdir(os.path.join(spool, "incoming")) and not os.listdir(os.path.join(spool, "claims"))
+
+        drain(lambda: batchq_spool.SpoolBackend(args), jobs, args, log, empty, read)
+        done = {name: json.load(open(os.path.join(spool, "done", name))) for name in os.listdir(os.path.join(spool, "done"))}
+        assert sorted(done) == sorted("job-%d" % i for i, step in enumerate(jobs) if innocent(step, max_attempts))
+        assert all(result["i"] == int(name[4:]) for name, result in done.items())
+        assert sorted(os.listdir(os.path.join(spool, "failed"))) == sorted(
+            "job-%d~%d" % (i, max_attempts) for i, step in enumerate(jobs) if not innocent(step, max_attempts))
+        check_runs(jobs, max_attempts, log)
+    finally:
+        shutil.rmtree(folder)

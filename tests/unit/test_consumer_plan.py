@@ -22,8 +22,10 @@ from ansible_collections.batchq.consumers.plugins.modules import consumer_prefli
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 SUITES = ("bullseye", "bookworm", "trixie", "forky")
-SETTINGS = {"account": "batchq", "prefix": "batchq-", "metrics": True,
-            "metrics_dir": "/var/lib/prometheus/node-exporter", "helper_dir": "/usr/local/lib/batchq"}
+SETTINGS = {"account": "batchq", "prefix": "batchq-", "exclusive": False, "metrics": True,
+            "metrics_dir": "/var/lib/prometheus/node-exporter", "helper_dir": "/usr/local/lib/batchq",
+            "unit_dir": "/etc/systemd/system", "secrets_dir": "/etc/batchq", "hooks_state_dir": "/var/lib/batchq-hooks"}
+UNIT_DIR, SECRETS_DIR = "/etc/systemd/system", "/etc/batchq"
 PLAIN = {"name": "thumbs", "command": "/usr/bin/python3 -c pass"}
 
 
@@ -278,3 +280,81 @@ def test_the_digest_is_the_one_the_host_reports(tmp_path):
     (tmp_path / "batchq-x.service").write_bytes(text.encode("utf-8"))
     assert consumer_preflight.unit_digests(str(tmp_path), ["batchq-*"]) == {"batchq-x.service": digest(text)}
     assert units_to_write({"batchq-x.service": text}, consumer_preflight.unit_digests(str(tmp_path), ["batchq-*"])) == {}
+
+
+# Removal: what the host has that the consumers no longer want
+def on_host(units=(), secrets=()):
+    """consumer_preflight's found, for a host with these unit paths (below
+    the unit folder) and secret files (in the secrets folder)."""
+    return {"found": {UNIT_DIR: sorted("%s/%s" % (UNIT_DIR, path) for path in units),
+                      SECRETS_DIR: sorted("%s/%s" % (SECRETS_DIR, name) for name in secrets)}}
+
+
+THUMBS_ON_HOST = on_host(["batchq-thumbs.service", "batchq-thumbs.timer", "batchq-thumbs.service.d",
+                          "timers.target.wants/batchq-thumbs.timer"], ["thumbs.env", "thumbs.token.cred"])
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_a_fresh_host_has_nothing_to_remove(suite):
+    assert planned(PLAIN, suite=suite)["removal"] == {
+        "stop": [], "drain": [], "absent": [], "files": [], "removed": [], "stale_secrets": []}
+
+
+def test_a_consumer_marked_absent_goes_with_its_units_secrets_hook_state_and_metrics():
+    removal = planned(dict(PLAIN, state="absent"), dict(PLAIN, name="other"), **THUMBS_ON_HOST)["removal"]
+    assert removal["removed"] == ["thumbs"]
+    # its timer (a glob that matches only a loaded unit) and its scheduled starts; its batches of either shape
+    assert removal["stop"] == ["batchq-thumbs.*start.timer", "batchq-thumbs.time[r]"]
+    assert removal["drain"] == ["batchq-thumbs.service", "batchq-thumbs@*.service"]
+    assert sorted(removal["absent"]) == sorted(
+        THUMBS_ON_HOST["found"][UNIT_DIR] + THUMBS_ON_HOST["found"][SECRETS_DIR] + ["/var/lib/batchq-hooks/thumbs.json"])
+    assert [e["path"] for e in removal["files"]] == ["/var/lib/prometheus/node-exporter/batchq-thumbs" + suffix
+                                                    for suffix in (".prom", ".paused.prom", ".d")]
+    assert {e["state"] for e in removal["files"]} == {"absent"}
+    # deleted with its units, not again after them
+    assert removal["stale_secrets"] == []
+
+
+@pytest.mark.parametrize("exclusive, removed", [(False, []), (True, ["thumbs"])])
+def test_a_consumer_not_listed_stays_unless_the_list_is_exclusive(exclusive, removed):
+    decided = planned(dict(PLAIN, name="other"), settings={"exclusive": exclusive}, **THUMBS_ON_HOST)
+    assert decided["removal"]["removed"] == removed
+    assert bool(decided["removal"]["absent"]) == exclusive
+
+
+def test_the_users_own_drop_in_of_a_consumer_that_stays_is_kept():
+    removal = planned(dict(PLAIN, secret_environment={"A": "1"}, credentials={"token": "x"}),
+                      suite="bullseye", **THUMBS_ON_HOST)["removal"]
+    assert removal == {"stop": [], "drain": [], "absent": [], "files": [], "removed": [], "stale_secrets": []}
+
+
+@pytest.mark.parametrize("instances, host_shape", [(2, ""), (1, "@")])
+def test_a_consumer_that_changes_shape_has_the_old_shape_removed_before_its_timers_start(instances, host_shape):
+    old = ["batchq-thumbs%s.service" % host_shape, "batchq-thumbs%s.timer" % host_shape]
+    decided = planned(dict(PLAIN, instances=instances), units={old[0]: "0" * 64}, **on_host(old))
+    assert decided["start_after_removal"] and decided["removal"]["absent"] == ["%s/%s" % (UNIT_DIR, p) for p in old]
+    assert decided["removal"]["removed"] == []
+
+
+def test_fewer_instances_stop_and_remove_the_extra_timers_only():
+    host = on_host(["batchq-thumbs@.service", "batchq-thumbs@.timer"]
+                   + ["timers.target.wants/batchq-thumbs@%d.timer" % n for n in (1, 2, 3)])
+    removal = planned(dict(PLAIN, instances=2), **host)["removal"]
+    assert removal["absent"] == [UNIT_DIR + "/timers.target.wants/batchq-thumbs@3.timer"]
+    assert removal["drain"] == ["batchq-thumbs@3.service"] and removal["removed"] == []
+    # the timer and its scheduled start (the starter unit the role names batchq-NAME.N.start.timer)
+    assert removal["stop"] == ["batchq-thumbs.3.start.time[r]", "batchq-thumbs@3.time[r]"]
+
+
+# Stale secrets: files of consumers that stay but no longer name them
+def test_a_secret_environment_taken_away_leaves_a_stale_file():
+    removal = planned(PLAIN, **THUMBS_ON_HOST)["removal"]
+    assert removal["stale_secrets"] == ["/etc/batchq/thumbs.env", "/etc/batchq/thumbs.token.cred"]
+    assert removal["absent"] == []
+
+
+@pytest.mark.parametrize("suite, stale", [("bullseye", []), ("bookworm", ["/etc/batchq/thumbs.token.cred"])])
+def test_a_credential_in_the_form_the_host_no_longer_reads_is_stale(suite, stale):
+    # systemd 250 and later read credentials encrypted: the clear file is then stale
+    keeper = dict(PLAIN, secret_environment={"A": "1"}, credentials={"token": "x"})
+    assert planned(keeper, suite=suite, **THUMBS_ON_HOST)["removal"]["stale_secrets"] == stale

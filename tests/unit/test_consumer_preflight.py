@@ -1,4 +1,5 @@
-"""consumer_preflight's pure parts: getent's lines, the digests of unit files and the mount table."""
+"""consumer_preflight's pure parts: getent's lines, the digests of unit files, the listing of folders
+(as ansible.builtin.find lists them) and the mount table."""
 
 import hashlib
 import pathlib
@@ -76,3 +77,21 @@ def test_a_mount_point_with_a_space_is_read_unescaped():
     line = "150 77 0:62 / /srv/with\\040space rw shared:7 - tmpfs tmpfs rw\n"
     assert consumer_preflight.is_shared(PRIVATE + line, "/srv/with space/x")
     assert not consumer_preflight.is_shared(PRIVATE + line, "/srv/with")
+
+
+def test_find_lists_matching_names_to_the_depth_asked_without_following_links(tmp_path):
+    units = tmp_path / "system"
+    (units / "timers.target.wants").mkdir(parents=True)
+    (units / "batchq-a.service.d").mkdir()
+    (units / "batchq-a.service.d" / "override.conf").write_text("")
+    (units / "batchq-a.service").write_text("")
+    (units / "sshd.service").write_text("")
+    (units / "timers.target.wants" / "batchq-a.timer").symlink_to(units / "batchq-a.service")
+    (units / "timers.target.wants" / "deeper").mkdir()
+    (units / "timers.target.wants" / "deeper" / "batchq-b.timer").write_text("")
+    found = consumer_preflight.find(str(units), ["batchq-*"], 2)
+    assert found == [str(units / "batchq-a.service"), str(units / "batchq-a.service.d"),
+                     str(units / "timers.target.wants" / "batchq-a.timer")]
+    shallow = [str(units / "batchq-a.service"), str(units / "batchq-a.service.d")]
+    assert consumer_preflight.find(str(units), ["batchq-*"], 1) == shallow
+    assert consumer_preflight.find(str(tmp_path / "none"), ["*"], 1) == []

@@ -1,0 +1,319 @@
+"""The spool consumer (examples/spool_queue/batchq-spool, on the queue library)
+as a process on a spool in a temporary folder: results once, poison files,
+odd names, works that crash, hang or lie, options, exit codes, and the
+take-back of a killed batch's claims."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import batchq_spool
+from conftest import TOP
+
+EXAMPLE = os.path.join(TOP, "examples", "spool_queue")
+CONSUMER, ENQUEUE = os.path.join(EXAMPLE, "batchq-spool"), os.path.join(EXAMPLE, "batchq-spool-enqueue")
+# A consumer of one's own, as the writing guide shows: the library, the spool backend, a work of its own.
+# Its payloads ask for the faults the stand-in does not know.
+OWN_CONSUMER = """
+import json, sys, time
+sys.path[:0] = [%r, %r]
+import batchq_queue, batchq_spool
+
+def process(job):
+    with open(job.payload) as handle:
+        asked = json.load(handle)
+    if "exit" in asked:
+        sys.exit(asked["exit"])
+    if asked.get("hang"):
+        time.sleep(60)
+    if asked.get("nan"):
+        return float("nan")
+    return {"asked": asked}
+
+sys.exit(batchq_queue.main(sys.argv[1:], process, batchq_spool.add_options, batchq_spool.backend,
+                           batchq_spool.check))
+""" % (EXAMPLE, os.path.join(TOP, "examples", "queue_library"))
+
+
+def wait_for(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "waited %gs for %s" % (seconds, what)
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def top(tmp_path):
+    (tmp_path / "state").mkdir()
+    subprocess.run([sys.executable, ENQUEUE, "0", "--spool", str(tmp_path / "spool")], check=True,
+                   stdout=subprocess.DEVNULL)
+    return tmp_path / "spool"
+
+
+def enqueue(top, *arguments):
+    subprocess.run([sys.executable, ENQUEUE, *arguments, "--spool", str(top)], check=True, stdout=subprocess.DEVNULL)
+
+
+def put(top, name, data=b"{}\n"):
+    with open(os.path.join(os.fsencode(str(top / "incoming")), os.fsencode(name)), "wb") as handle:
+        handle.write(data)
+
+
+def start(top, *arguments, program=CONSUMER):
+    env = dict(os.environ, STATE_DIRECTORY=str(top.parent / "state"))
+    env.pop("INVOCATION_ID", None)
+    return subprocess.Popen([sys.executable, program, "--spool", str(top), "--backoff-min", "0.01",
+                             "--backoff-max", "0.02", *arguments], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def batch(top, *arguments, program=CONSUMER):
+    """One batch to its end: (exit code, stderr)."""
+    process = start(top, *arguments, program=program)
+    _out, err = process.communicate(timeout=60)
+    return process.returncode, err
+
+
+def batches_until(top, done, *arguments, program=CONSUMER):
+    """Batch after batch (a failed file is due again 10-20 ms later) until done(); their exit codes."""
+    codes = []
+    while not done():
+        assert len(codes) < 20, codes
+        codes.append(batch(top, *arguments, program=program)[0])
+        wait_for(lambda: not [n for n in os.listdir(top / "incoming") if batchq_spool.parse(n)[2] > time.time() * 1000],
+                 5, "the files put back to be due")
+    return codes
+
+
+def records(top):
+    with open(top.parent / "state" / "batches.jsonl", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def results(top):
+    return {name: json.loads((top / "done" / name).read_text()) for name in os.listdir(top / "done")}
+
+
+def listing(top):
+    return {folder: sorted(os.listdir(top / folder)) for folder in batchq_spool.FOLDERS}
+
+
+def test_concurrent_batches_do_each_file_once(top):
+    enqueue(top, "600")
+    batches = [start(top, "--limit", "1000") for _instance in range(4)]
+    assert [b.wait(timeout=60) for b in batches] == [0, 0, 0, 0]
+    done = results(top)
+    assert sorted(done) == ["job-%06d.json" % n for n in range(1, 601)]
+    assert {r["attempt"] for r in done.values()} == {1}
+    claims = [r["names"] for r in records(top) if r["event"] == "claim"]
+    assert len({name for names in claims for name in names}) == sum(map(len, claims)) == 600
+    # each result names the batch whose end record lists it as done
+    by = {name.split("~")[0]: r["batch"] for r in records(top) if r["event"] == "end" for name in r["done"]}
+    assert {name: r["by"] for name, r in done.items()} == by
+    # ... and holds the digest of what was enqueued
+    assert done["job-000007.json"]["sha256"] == __import__("hashlib").sha256(b'{"n": 7}\n').hexdigest()
+    assert listing(top)["claims"] == listing(top)["incoming"] == []
+
+
+@pytest.mark.parametrize("fault, error", [
+    ("--fail", "ValueError: file payload asks to fail"),
+    ("--crash", "its work's process was killed by SIGSEGV before it reported"),
+])
+def test_a_poison_file_goes_to_failed_after_exactly_its_attempts_and_spares_its_neighbours(top, fault, error):
+    enqueue(top, "1", "--prefix", "bad", fault)
+    enqueue(top, "2", "--prefix", "good")
+    codes = batches_until(top, lambda: os.listdir(top / "failed"), "--max-attempts", "3")
+    assert len(codes) == 3 and codes[1:] == [1, 1], codes  # a batch of failures alone is an outage
+    assert listing(top)["failed"] == ["bad-000001.json~3"]
+    assert sorted(results(top)) == ["good-000001.json", "good-000002.json"]
+    attempts = [e for r in records(top) if r["event"] == "end" for e in r["errors"]]
+    assert attempts == [{"name": "bad-000001.json~%d" % n, "error": error} for n in (1, 2, 3)]
+
+
+def test_the_journal_says_each_failed_attempt_of_a_file(top):
+    enqueue(top, "1", "--prefix", "bad", "--fail")
+    lines = []
+    while not os.listdir(top / "failed"):
+        assert len(lines) < 20
+        _code, err = batch(top, "--max-attempts", "2")
+        lines += [line for line in err.splitlines() if line.startswith("bad-000001.json: ")]
+        time.sleep(0.03)
+    assert lines == ["bad-000001.json: attempt 1 failed: ValueError: file payload asks to fail",
+                     "bad-000001.json: attempt 2 failed: ValueError: file payload asks to fail (failed for good)"]
+
+
+@pytest.mark.parametrize("asked, error", [
+    ({"exit": 0}, "SystemExit: 0"),
+    ({"exit": 3}, "SystemExit: 3"),
+    ({"hang": True}, "its work outlasted --job-timeout (1s)"),
+    ({"nan": True}, "ValueError: Out of range float values are not JSON compliant"),
+])
+def test_a_work_that_exits_hangs_or_returns_no_json_fails_its_file_alone(top, tmp_path, asked, error):
+    program = tmp_path / "consumer.py"
+    program.write_text(OWN_CONSUMER)
+    put(top, "a.json", json.dumps(asked).encode())
+    put(top, "b.json", b'{"n": 2}')
+    code, err = batch(top, "--job-timeout", "1", "--max-attempts", "1", program=str(program))
+    assert code == 0, err
+    assert listing(top)["failed"] == ["a.json~1"] and results(top)["b.json"]["asked"] == {"n": 2}
+    (end,) = [r for r in records(top) if r["event"] == "end"]
+    assert end["errors"] == [{"name": "a.json~1", "error": error}] and end["done"] == ["b.json~1"]
+
+
+def test_a_name_too_long_to_carry_its_attempts_goes_to_failed_unchanged(top, capfd):
+    name_max = os.pathconf(str(top), "PC_NAME_MAX")
+    longest = name_max - batchq_spool.SUFFIX_BYTES
+    put(top, "a" * name_max)  # 255 bytes on most file systems
+    put(top, "\u00e9" * (longest // 2))  # the longest that carries its attempts, in two-byte characters
+    put(top, "c.json")
+    code, err = batch(top)
+    assert code == 0, err
+    assert listing(top)["failed"] == ["a" * name_max]
+    assert sorted(results(top)) == sorted(["\u00e9" * (longest // 2), "c.json"])
+    assert "the name is too long to carry its attempts (at most %d bytes)" % longest in err
+
+
+def test_the_longest_name_fails_all_its_attempts_and_its_backoff_names_fit(top):
+    name = "\u00e9" * ((os.pathconf(str(top), "PC_NAME_MAX") - batchq_spool.SUFFIX_BYTES) // 2)
+    put(top, name, b'{"fail": true}')
+    batches_until(top, lambda: os.listdir(top / "failed"), "--max-attempts", "3")
+    assert listing(top)["failed"] == [name + "~3"]
+
+
+def test_names_the_spool_does_not_own_are_said_and_left_alone(top):
+    for name in ("report~final.json", ".partial", "x~1~2~3", "good.json"):
+        put(top, name)
+    code, err = batch(top)
+    assert code == 0 and "3 files in incoming/ are never claimed" in err, err
+    assert listing(top)["incoming"] == [".partial", "report~final.json", "x~1~2~3"]
+    assert sorted(results(top)) == ["good.json"]
+    (claim,) = [r for r in records(top) if r["event"] == "claim"]
+    assert claim["strangers"] == [".partial", "report~final.json", "x~1~2~3"]
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (["--limit", "0"], "--limit"), (["--max-attempts", "1001"], "--max-attempts"),
+    (["--work-ms", "nan"], "--work-ms"), (["--backoff-min", "-1"], "--backoff-min"),
+    (["--backoff-min", "5", "--backoff-max", "1"], "--backoff-max"), (["--max-seconds", "-1"], "--max-seconds"),
+    (["--backlog-exit-code", "1"], "--backlog-exit-code"), (["--job-timeout", "0"], "--job-timeout"),
+    (["--records-bytes", "10"], "--records-bytes"), (["--spool", "/nonexistent"], "--spool"),
+])
+def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(top, arguments, named):
+    enqueue(top, "3")
+    code, err = batch(top, *arguments)
+    assert code == 2 and "error: %s: must be" % named in err, err
+    assert len(listing(top)["incoming"]) == 3 and listing(top)["claims"] == []
+
+
+def test_it_exits_75_only_when_it_did_a_file_and_more_waits(top, tmp_path):
+    enqueue(top, "3")
+    assert batch(top, "--limit", "2")[0] == 75
+    assert batch(top, "--limit", "2")[0] == 0
+    assert batch(top, "--limit", "2")[0] == 0  # nothing due
+    # a full batch of failures is an outage, not a backlog, however much waits
+    enqueue(top, "3", "--prefix", "down")
+    (tmp_path / "down").touch()
+    assert batch(top, "--limit", "2", "--fail-while", str(tmp_path / "down"))[0] == 1
+    assert not results(top).keys() & {"down-000001.json", "down-000002.json"}
+
+
+def test_a_stopped_batch_gives_back_the_attempts_of_files_it_did_not_start(top):
+    enqueue(top, "20", "--sleep", "0.2")
+    process = start(top, "--limit", "100")
+    wait_for(lambda: os.listdir(top / "done"), 30, "a file done")
+    process.send_signal(signal.SIGTERM)
+    _out, err = process.communicate(timeout=30)
+    assert process.returncode == 75, err
+    left = listing(top)["incoming"]
+    assert left and all("~" not in name for name in left), left
+    assert len(left) + len(listing(top)["done"]) == 20 and listing(top)["claims"] == []
+    (end,) = [r for r in records(top) if r["event"] == "end"]
+    assert end["outcome"] == "terminated" and sorted(n.split("~")[0] for n in end["left"]) == left
+
+
+def children(pid):
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
+        return [int(word) for word in handle.read().split()]
+
+
+def test_a_killed_batchs_claim_is_taken_back_the_file_at_work_counted(top):
+    enqueue(top, "2", "--prefix", "a")
+    enqueue(top, "1", "--prefix", "b", "--sleep", "30", "--sleep-attempts", "1")
+    enqueue(top, "2", "--prefix", "c")
+    stuck = start(top, "--limit", "10")
+    claims = top / "claims"
+    wait_for(lambda: [lock for lock in claims.glob("*/lock") if lock.read_text() == "b-000001.json~1\n"], 30,
+             "the batch to note b-000001.json")
+    # what it finished left its claim at once: only the file at work and those not started are there
+    (claim,) = claims.iterdir()
+    assert sorted(os.listdir(claim)) == ["b-000001.json~1", "c-000001.json~1", "c-000002.json~1", "lock"]
+    (work,) = children(stuck.pid)
+    os.killpg(stuck.pid, signal.SIGKILL)  # as a batch's timeout does: the work's child has a group of its own
+    stuck.wait(timeout=10)
+    try:
+        # the work's child still runs, and yet the claim is free to take back: the child closed the lock
+        code, err = batch(top, "--limit", "10", "--backoff-min", "60", "--backoff-max", "60")
+        assert os.path.exists("/proc/%d" % work), "the work's child ended: the test proves nothing"
+    finally:
+        os.kill(work, signal.SIGKILL)
+        stuck.communicate(timeout=10)  # the child held its pipes
+    assert code == 0, err
+    (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
+    assert (taken["working"], taken["counted"], taken["refunded"]) == (
+        "b-000001.json~1", ["b-000001.json~1"], ["c-000001.json~1", "c-000002.json~1"])
+    killed = "pid%d#1" % stuck.pid
+    done = {name: (r["attempt"], r["by"].split("/")[2] == killed) for name, r in results(top).items()}
+    assert done == {"a-000001.json": (1, True), "a-000002.json": (1, True),
+                    "c-000001.json": (1, False), "c-000002.json": (1, False)}
+    # the file at work waits its backoff, its attempt counted
+    (back,) = listing(top)["incoming"]
+    base, attempts, due = batchq_spool.parse(back)
+    assert (base, attempts) == ("b-000001.json", 1) and due > (time.time() + 20) * 1000
+    assert not [r for r in records(top) if r["event"] == "end" and r["redone"]]
+
+
+def dead_claim(top, note, *names):
+    """A claim folder as a batch that died leaves it: its lock (free) with note, and files."""
+    folder = top / "claims" / "dead"
+    folder.mkdir()
+    (folder / "lock").write_bytes(note)
+    for name in names:
+        (folder / os.fsdecode(name)).write_bytes(b"{}")
+    return folder
+
+
+def test_a_file_whose_result_is_written_is_never_charged_nor_done_again(top):
+    folder = dead_claim(top, b"x~1\n", b"x~1", b"y~1")
+    identity = batchq_spool.identity(str(folder / "x~1"))
+    (top / "done" / "x").write_text(json.dumps({"file": identity, "attempt": 1}))
+    assert batch(top)[0] == 0
+    (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
+    assert (taken["finished"], taken["counted"], taken["refunded"]) == (["x~1"], [], ["y~1"])
+    assert json.loads((top / "done" / "x").read_text()) == {"file": identity, "attempt": 1}
+    assert results(top)["y"]["attempt"] == 1
+
+
+def test_the_noted_name_is_matched_whole_whatever_its_bytes(top):
+    odd = b" lead\xff~1"  # a leading space, and not UTF-8
+    dead_claim(top, odd + b"\n", odd, b"lead~1")
+    assert batch(top, "--backoff-min", "60", "--backoff-max", "60")[0] == 0
+    (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
+    assert (taken["counted"], taken["refunded"]) == ([os.fsdecode(odd)], ["lead~1"])
+    assert sorted(results(top)) == ["lead"]
+
+
+def test_a_file_goes_to_failed_rather_than_over_another_of_its_name(top):
+    dead_claim(top, b"", b"x~1")
+    put(top, "x", b"newer")
+    (top / "done" / "x").write_text('{"file": "another"}')
+    code, err = batch(top)
+    # the claimed one clashed with the newer x in incoming/; the newer one with the result in done/
+    assert code == 1 and "names must be unique" in err, err
+    assert (top / "done" / "x").read_text() == '{"file": "another"}'
+    assert sorted(batchq_spool.parse(n)[:2] for n in listing(top)["failed"]) == [("x", 1), ("x", 1)]
+    assert listing(top)["incoming"] == listing(top)["claims"] == []
