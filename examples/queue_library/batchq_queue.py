@@ -89,6 +89,11 @@ class QueueError(Exception):
     """The queue failed (not one job's work): the batch exits 1."""
 
 
+class Refused(Exception):
+    """done() raises it when the queue will not hold a job's result (a constraint, a text it
+    cannot store). The job fails, as if its work had; the batch goes on."""
+
+
 class Job:
     """One claimed job. id is stable across deliveries. attempts counts this one.
     group is the job's ordering group (an SQS FIFO group), or None.
@@ -124,7 +129,8 @@ class Backend:
         """Called about every HEARTBEAT seconds while jobs are held: keep them claimed."""
 
     def done(self, job, result):
-        """Apply the result (JSON text, or None when has_result was True) once, and remove the job."""
+        """Apply the result (JSON text, or None when has_result was True) once, and remove the job.
+        Raises Refused, with nothing applied, when the queue will not hold this result."""
         raise NotImplementedError
 
     def failed(self, job, error, delay):
@@ -430,9 +436,12 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
                 unstarted.append(job)  # released as if not started: no failure is charged
                 continue
             if kind == "done":
-                if outcome(backend.done, job, text):
-                    counts["done"] += 1
-            else:
+                try:
+                    if outcome(backend.done, job, text):
+                        counts["done"] += 1
+                except Refused as exc:
+                    kind, text = "failed", "its result was refused: %s" % clean_text(str(exc))
+            if kind == "failed":
                 print("batchq: job %s attempt %d failed: %s" % (job.id, job.attempts, text), file=sys.stderr)
                 if job.group is not None:
                     blocked.add(job.group)

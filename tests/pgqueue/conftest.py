@@ -19,6 +19,8 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "postgresql_queue"
+LIBRARY = ROOT / "examples" / "queue_library"
+LIBRARY_DIR = "/usr/local/lib/batchq-queue"
 RUNNER = ROOT / "roles" / "consumer" / "files" / "batchq-drain"
 PREFIX = os.environ.get("BATCHQ_HOST_PREFIX", "batchq") + "-pgqueue"
 NETWORK = PREFIX
@@ -135,6 +137,10 @@ def server():
             docker("run", "--detach", "--name", name, "--network", NETWORK, image, "sleep", "infinity")
             for program in ("batchq-pgqueue", "batchq-pgqueue-enqueue"):
                 docker("cp", str(EXAMPLE / program), "%s:/usr/local/bin/%s" % (name, program))
+            # where deploy.yml (and examples/queue_library/install.yml) put the modules the consumer imports
+            docker("exec", name, "mkdir", "-p", LIBRARY_DIR)
+            for module in (LIBRARY / "batchq_queue.py", EXAMPLE / "batchq_pgqueue.py"):
+                docker("cp", str(module), "%s:%s/%s" % (name, LIBRARY_DIR, module.name))
             docker("cp", str(RUNNER), "%s:/usr/local/bin/batchq-drain" % name)
         yield
     finally:

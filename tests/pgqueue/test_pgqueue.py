@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import DATABASE, EXAMPLE, docker, sql, states, wait_for
+from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, docker, sql, states, wait_for
 
 # The server's idle-in-transaction timeout for the batch of the test below, set
 # as a consumer's environment would (PGOPTIONS comes after the consumer's own
@@ -64,17 +64,16 @@ def test_enqueue_and_stats(client, queue):
 # The session's settings as the batch's connection has them once configured:
 # what the startup options set wins, every other one takes the consumer's value.
 SESSION_SHOWN = """
-import importlib.machinery, importlib.util, json, os
-loader = importlib.machinery.SourceFileLoader("pgqueue", "/usr/local/bin/batchq-pgqueue")
-pgqueue = importlib.util.module_from_spec(importlib.util.spec_from_loader("pgqueue", loader))
-loader.exec_module(pgqueue)
+import json, os, sys
+sys.path.insert(0, "%s")
+import batchq_pgqueue as pgqueue
 conn = pgqueue.psycopg.connect(os.environ.get("BATCHQ_PG_DSN", ""), **pgqueue.connection_options())
 pgqueue.configure_session(conn)
 cursor = conn.cursor()
 cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), "
                "current_setting('idle_in_transaction_session_timeout'), current_setting('search_path')")
 print(json.dumps(cursor.fetchone()))
-"""
+""" % LIBRARY_DIR
 
 
 def session_settings(client, env):
@@ -119,7 +118,7 @@ def test_a_job_that_outlasts_its_job_timeout_fails_alone(client, queue):
     assert code == 0, output
     assert 4 <= time.monotonic() - began < 6, "not ended by --job-timeout"
     assert jobs(queue) == [(1, "done", 1), (2, "queued", 1), (3, "done", 1)]
-    assert "job %s failed, attempt 1 of 25: its work outlasted --job-timeout (4s)" % job_id(queue, 2) in output, output
+    assert "job %s attempt 1 failed: its work outlasted --job-timeout (4s)" % job_id(queue, 2) in output, output
 
 
 def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
@@ -132,6 +131,16 @@ def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
     end = client.records("/tmp/" + queue)[-1]
     wanted = ("end", "committed", got["done"], got["queued"])
     assert (end["event"], end["outcome"], end["done"], end["left"]) == wanted, end
+
+
+def test_loop_runs_batch_after_batch_while_work_waits(client, queue):
+    # benchmarks/fleet.sh's long-lived worker: full batches say more work waits, and the next begins at once
+    state = "/tmp/" + queue
+    enqueue(client, queue, 25)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "10", "--loop", state=state)
+    assert code == 0, output  # the last batch, 5 jobs, found nothing more due
+    assert states(queue) == {"done": 25}
+    assert [len(r["ids"]) for r in client.records(state) if r["event"] == "claim"] == [10, 10, 5]
 
 
 def kill_batch(client, state):
@@ -150,6 +159,9 @@ def test_sigterm_commits_what_is_done_and_says_more_work_waits(client, queue):
                          state + "/pid", state=state)
     try:
         wait_claimed(client, queue)
+        # once the first job works in its own process: it ends, and is done, before the batch stops
+        wait_for(lambda: client.shell("ps -o pid= --ppid $(cat %s/pid) || true" % state).strip(), 30,
+                 "the first job's process")
         client.shell("kill -TERM $(cat %s/pid)" % state)
         output = batch.communicate(timeout=60)[0]
     finally:
@@ -161,8 +173,8 @@ def test_sigterm_commits_what_is_done_and_says_more_work_waits(client, queue):
     assert got.get("done", 0) == end["done"] and got.get("queued", 0) == end["left"] > 0, (got, end)
     assert sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
                "WHERE j.queue = '%s'" % queue) == str(end["done"])
-    # the jobs it did not begin are due again with their attempt given back
-    assert sql("SELECT count(*) FROM batchq_jobs WHERE queue = '%s' AND state = 'queued' AND attempts = 0 "
+    # the jobs it did not begin are due again at once; the attempt counted at the claim stays counted
+    assert sql("SELECT count(*) FROM batchq_jobs WHERE queue = '%s' AND state = 'queued' AND attempts = 1 "
                "AND run_at <= now()" % queue) == str(end["left"])
 
 
@@ -221,20 +233,21 @@ def test_each_job_fails_alone_whatever_its_work_does(client, queue):
     code, output = client.run("batchq-pgqueue", *options, state="/tmp/" + queue)
     assert code == 0, output  # the failed jobs back off: none due at the commit
     crashed, raised = (int(job_id(queue, n)) for n in (4, 5))
-    assert "job %d failed, attempt 1 of 2: its work's process was killed by SIGSEGV" % crashed in output, output
-    assert "job %d failed, attempt 1 of 2: TypeError: job payload asks to raise" % raised in output, output
+    assert "job %d attempt 1 failed: its work's process was killed by SIGSEGV before it reported" % crashed in output, \
+        output
+    assert "job %d attempt 1 failed: TypeError: job payload asks to raise" % raised in output, output
     assert "KeyError: 'n'" in output, output
     assert [state for _n, state, _attempts in jobs(queue)] == ["done"] * 3 + ["queued"] * 2 + ["done", "queued", "done"]
     # due again after the backoff: the second attempt is their last
     wait_for(lambda: sql("SELECT bool_and(run_at <= now()) FROM batchq_jobs WHERE queue = '%s'" % queue) == "t", 5,
              "the backoff to pass")
     code, output = client.run("batchq-pgqueue", *options, state="/tmp/" + queue)
-    assert code == 1, output  # every job of this batch failed
-    assert "every job of the batch failed" in output, output
+    assert code == 1, output  # every job of this batch failed: a failed run, not a backlog
+    assert 'batch {"claimed": 3, "dead": 3, "done": 0, "failed": 0, "released": 0}, exit 1' in output, output
     assert [(state, attempts) for _n, state, attempts in jobs(queue) if state != "done"] == [("dead", 2)] * 3
     assert results(queue) == 5
     assert sql("SELECT last_error FROM batchq_jobs WHERE id = %d" % crashed) == \
-        "its work's process was killed by SIGSEGV"
+        "its work's process was killed by SIGSEGV before it reported"
 
 
 def test_a_database_error_of_one_job_fails_that_job_only(client, queue):
@@ -267,20 +280,26 @@ def test_an_outage_is_a_failed_run_and_backs_off(client, queue):
     assert code == 1, output  # not the backlog exit: the next batch waits the interval
     waits = sql("SELECT extract(epoch FROM run_at - claimed_at) FROM batchq_jobs WHERE queue = '%s' "
                 "AND state = 'queued' AND attempts = 1" % queue).split()
-    assert len(waits) == 10 and all(30 <= float(wait) <= 30 * 1.25 + 1 for wait in waits), waits
-    # the service is back: the due jobs drain, the others wait their backoff
+    # --backoff-base 30: at least 30 s, at most twice that (--backoff-min 60, the upper half of it at random)
+    assert len(waits) == 10 and all(30 <= float(wait) <= 60 + 1 for wait in waits), waits
+    # the service is back: the due jobs drain, the others wait their backoff (a batch with room to spare)
     client.shell("rm /tmp/%s/down" % queue)
-    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "10", "--fail-while",
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "20", "--fail-while",
                               "/tmp/%s/down" % queue, state="/tmp/" + queue)
     assert code == 0 and states(queue) == {"done": 10, "queued": 10}, output
 
 
 def test_the_default_backoff_outlasts_a_day_of_outage(client):
-    # from the consumer's own defaults, with no jitter (which only adds)
-    script = """import runpy
-c = runpy.run_path("/usr/local/bin/batchq-pgqueue", run_name="consumer")
-a = c["arguments"]([])
-print(a.max_attempts, sum(c["backoff_seconds"](n, a.backoff_base, a.backoff_max, 0) for n in range(1, a.max_attempts)))"""
+    # from the consumer's own defaults, each wait the shortest its jitter allows
+    script = """import argparse, sys
+sys.path.insert(0, "%s")
+import batchq_pgqueue, batchq_queue
+parser = argparse.ArgumentParser()
+batchq_queue.add_common_options(parser)
+batchq_pgqueue.add_options(parser)
+a = parser.parse_args([])
+print(a.max_attempts, sum(batchq_queue.backoff(n, a.backoff_min, a.backoff_max, lambda low, high: low)
+                          for n in range(1, a.max_attempts)))""" % LIBRARY_DIR
     attempts, waited = client.shell("python3 -c '%s'" % script).split()
     assert int(attempts) == 25 and float(waited) >= 24 * 3600, (attempts, waited)
 
@@ -300,9 +319,11 @@ def test_the_jobs_of_a_killed_batch_are_taken_again_within_seconds(client, queue
         batch.kill()
     assert jobs(queue) == [(n, "running", 1) for n in range(1, 6)]
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
-    assert code == 0 and output.startswith("committed: 0 jobs claimed"), output  # not before CLAIM_GRACE
-    wait_for(lambda: client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)[1]
-             .startswith("committed: 5 jobs claimed"), CLAIM_GRACE_S + 10, "the killed batch's jobs to be taken back")
+    # (its summary on stdout; the library's lines on stderr, which docker exec may pass on first)
+    assert code == 0 and "\ncommitted: 0 jobs claimed" in "\n" + output, output  # not before CLAIM_GRACE
+    wait_for(lambda: "\ncommitted: 5 jobs claimed" in "\n" + client.run(
+        "batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)[1],
+        CLAIM_GRACE_S + 10, "the killed batch's jobs to be taken back")
     assert jobs(queue) == [(n, "done", 2) for n in range(1, 6)]
     assert results(queue) == 5
 
@@ -323,7 +344,7 @@ def test_a_job_that_kills_every_batch_ends_dead_after_its_attempts(client, queue
     # past the grace of its last claim, the next claim buries it instead of trying a third time
     sql("UPDATE batchq_jobs SET claimed_at = claimed_at - interval '1 hour' WHERE queue = '%s'" % queue)
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
-    assert code == 0 and output.startswith("committed: 0 jobs claimed"), output
+    assert code == 0 and "\ncommitted: 0 jobs claimed" in "\n" + output, output
     assert jobs(queue) == [(1, "dead", 2)]
     assert sql("SELECT last_error FROM batchq_jobs WHERE queue = '%s'" % queue) == \
         "its batch ended without finishing it, attempt 2 of 2"
@@ -391,12 +412,27 @@ def test_an_error_text_the_database_cannot_hold_as_it_is_fails_that_job_alone(cl
     assert huge.startswith("TypeError: xxx") and huge.endswith("... (1048587 characters)") and len(huge) < 2100
 
 
+def test_an_error_that_names_a_file_whose_name_is_not_utf8_is_kept_escaped(client, queue):
+    # A real way to a lone surrogate: Python reads a name that is not UTF-8 (argv, a folder's
+    # entries) with a surrogate for each bad byte, and an error text that names the file holds it.
+    enqueue(client, queue, 3)
+    # the byte 0xff made by the client's shell: docker exec would pass on U+FFFD instead
+    down = "/tmp/%s/down$(printf '\\377')" % queue
+    client.shell("touch %s" % down)
+    done = docker(*client.argv("/bin/sh", ["-c", 'exec batchq-pgqueue --queue %s --max-attempts 1 --fail-while "%s"'
+                                           % (queue, down)], {}, "/tmp/" + queue), check=False)
+    assert done.returncode == 1, done.stdout  # every job failed: an outage
+    assert jobs(queue) == [(n, "dead", 1) for n in (1, 2, 3)], done.stdout
+    errors = sql("SELECT DISTINCT last_error FROM batchq_jobs WHERE queue = '%s'" % queue)
+    assert errors == "ConnectionError: the service this job calls is down (/tmp/%s/down\\udcff exists)" % queue
+
+
 def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queue(client, queue):
     enqueue(client, queue, 3)
     # valid jsonb that Python may refuse to decode: a 5000-digit number (Python 3.11 and later
-    # refuse it, 3.9 reads it), arrays nested 3000 deep (deeper than some decoders recurse)
+    # refuse it, 3.9 reads it), arrays nested 5000 deep (deeper than Python's decoder recurses)
     sql("INSERT INTO batchq_jobs (queue, payload) VALUES ('%s', '{\"n\": %s}'), ('%s', '%s')"
-        % (queue, "9" * 5000, queue, "[" * 3000 + "]" * 3000))
+        % (queue, "9" * 5000, queue, "[" * 5000 + "]" * 5000))
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "1", state="/tmp/" + queue)
     assert code == 0, output
     rows = sql("SELECT state, attempts FROM batchq_jobs WHERE queue = '%s' ORDER BY id" % queue).splitlines()
@@ -410,6 +446,7 @@ def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queu
     (["--limit", "-5"], "--limit"), (["--max-attempts", "0"], "--max-attempts"),
     (["--max-attempts", "1100"], "--max-attempts"), (["--backoff-base", "0"], "--backoff-base"),
     (["--job-timeout", "nan"], "--job-timeout"), (["--queue", ""], "--queue"),
+    (["--records-bytes", "100"], "--records-bytes"), (["--backoff-min", "-1"], "--backoff-min"),
 ])
 def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(client, queue, options, named):
     enqueue(client, queue, 3)

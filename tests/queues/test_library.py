@@ -344,6 +344,27 @@ def test_a_queue_that_fails_at_done_is_exit_1_and_keeps_the_attempt():
     assert backend.jobs[0]["attempts"] == 1
 
 
+class RefusesB(MemoryBackend):
+    """A store with a constraint: it will not hold the result of the job whose payload is "b"."""
+
+    def done(self, job, result):
+        if job.payload == "b":
+            raise batchq_queue.Refused("no b here")
+        super().done(job, result)
+
+
+def test_a_refused_result_fails_its_job_alone_and_backs_off(capsys):
+    backend = RefusesB(["a", "b", "c"])
+    assert run(backend, ok, max_attempts=2, backoff_min=30.0, backoff_max=30.0) == 0
+    assert states(backend) == ["done", "ready", "done"]
+    assert backend.jobs[1]["error"] == "its result was refused: no b here" and backend.jobs[1]["results"] == []
+    assert backend.jobs[1]["due"] - backend.now() >= 15.0  # the backoff's lower half: it failed, like any job
+    assert "job 1 attempt 1 failed: its result was refused: no b here" in capsys.readouterr().err
+    backend.jobs[1]["due"] = 0.0
+    assert run(backend, ok, max_attempts=2) == 1  # its last attempt: dead, and the batch did nothing else
+    assert states(backend) == ["done", "dead", "done"] and backend.jobs[1]["attempts"] == 2
+
+
 def test_an_outage_fails_every_job_and_exits_1_not_75(tmp_path):
     down = tmp_path / "down"
     down.touch()

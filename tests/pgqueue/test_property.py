@@ -1,0 +1,115 @@
+"""The queue library's property test (tests/queues/test_property.py) against
+PostgreSQL, with psycopg2 and psycopg 3: hypothesis draws jobs that succeed,
+fail for a while, raise any exception with any text (NUL, lone surrogates,
+1 MB), return what JSON cannot hold or a text PostgreSQL refuses, die by
+SIGSEGV, hang past --job-timeout, flood their output, or have a payload
+Python cannot decode. The batches of property_consumer.py drain them: every
+job ends done with its result applied exactly once, or dead after exactly
+--max-attempts; no job that could succeed goes dead. Few examples: each
+drain is a few batches in a client container."""
+
+import json
+import pathlib
+import uuid
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from conftest import docker, sql
+
+CONSUMER = pathlib.Path(__file__).with_name("property_consumer.py")
+PROGRAM = "/usr/local/bin/batchq-property.py"
+JOB_TIMEOUT = 1  # a hang costs this much per attempt; the other jobs end in milliseconds
+ODD_TEXTS = ["", "a NUL \x00 byte", "a lone \udcff surrogate", "huge", "\ud800", "\n" * 5000,
+             "".join(map(chr, range(32))), "\x1b[31mred\x1b[0m", "\x7f\uffff\ufffe"]
+# Valid jsonb that Python's json refuses (too deep for its decoder).
+UNDECODABLE = "[" * 5000 + "]" * 5000
+
+
+def hexed(text):
+    return text if text == "huge" else text.encode("utf-8", "surrogatepass").hex()
+
+
+behaviour = st.one_of(
+    st.just(("ok",)),
+    st.just(("flood",)),
+    st.tuples(st.just("flaky"), st.integers(1, 2)),
+    st.tuples(st.just("raise"), st.integers(0, 8), st.one_of(st.sampled_from(ODD_TEXTS), st.text(max_size=40))),
+    st.tuples(st.just("notjson"), st.sampled_from(["set", "nan", "object", "bytes", "inf"])),
+    st.tuples(st.just("oddresult"), st.sampled_from(["a NUL \x00 byte", "a lone \udcff surrogate"])),
+    st.just(("segv",)),
+    st.just(("hang",)),
+    st.just(("undecodable",)),
+)
+plan = st.fixed_dictionaries({
+    "jobs": st.lists(behaviour, min_size=1, max_size=5),
+    "limit": st.integers(1, 4),
+    "max_attempts": st.integers(1, 3),
+})
+
+
+def innocent(step, max_attempts):
+    return step[0] in ("ok", "flood") or (step[0] == "flaky" and step[1] < max_attempts)
+
+
+def payload(index, step):
+    if step[0] == "undecodable":
+        return UNDECODABLE
+    if step[0] in ("raise", "oddresult"):
+        step = step[:-1] + (hexed(step[-1]),)
+    return '{"i": %d, "do": %s}' % (index, json.dumps(list(step)))
+
+
+def drain(client, queue, case):
+    """Batches until one exits 0 (with no backoff, it then left nothing due), at most a bound of them:
+    every batch but the last ends at least one attempt. Their exit codes."""
+    bound = len(case["jobs"]) * case["max_attempts"] + 3
+    script = """cd /tmp/{q} && for n in $(seq {bound}); do
+        PROPERTY_RUNS=/tmp/{q}/runs python3 {program} --queue {q} --limit {limit} --max-attempts {attempts} \\
+          --backoff-min 0 --backoff-max 0 --job-timeout {timeout} >>out 2>&1
+        code=$?; echo $code; if [ $code = 0 ]; then break; fi
+    done""".format(q=queue, bound=bound, program=PROGRAM, limit=case["limit"], attempts=case["max_attempts"],
+                   timeout=JOB_TIMEOUT)
+    # as a worker's unit runs it: libpq's environment of conftest.ENVIRONMENT
+    return [int(code) for code in docker(*client.argv("/bin/sh", ["-c", script], {}, None)).stdout.split()]
+
+
+def run_case(client, case):
+    jobs, max_attempts = case["jobs"], case["max_attempts"]
+    queue = "property-%s-%s" % (client.driver, uuid.uuid4().hex[:8])
+    client.shell("mkdir -p /tmp/%s && touch /tmp/%s/runs" % (queue, queue))
+    sql("INSERT INTO batchq_jobs (queue, payload) VALUES %s"
+        % ", ".join("('%s', '%s')" % (queue, payload(i, step)) for i, step in enumerate(jobs)))
+    codes = drain(client, queue, case)
+    if codes[-1] != 0 or not set(codes) <= {0, 1, 75}:
+        raise AssertionError("exit codes %s; the batches' last words:\n%s"
+                             % (codes, client.shell("tail -c 3000 /tmp/%s/out" % queue)))
+    rows = sql("SELECT j.state, j.attempts, length(coalesce(j.last_error, '')), count(r.job_id) "
+               "FROM batchq_jobs j LEFT JOIN batchq_results r ON r.job_id = j.id WHERE j.queue = '%s' "
+               "GROUP BY j.id ORDER BY j.id" % queue).splitlines()
+    runs = client.shell("cat /tmp/%s/runs" % queue).split()
+    assert len(rows) == len(jobs), rows
+    for index, (step, row) in enumerate(zip(jobs, rows)):
+        state, attempts, error_chars, results = row.split("|")
+        if innocent(step, max_attempts):
+            assert (state, results) == ("done", "1"), (step, row)
+            assert runs.count(str(index)) == 1, (step, runs)
+        else:
+            assert (state, int(attempts), results) == ("dead", max_attempts, "0"), (step, row)
+            assert 0 < int(error_chars) <= 2000 and str(index) not in runs, (step, row, runs)
+    client.shell("rm -rf /tmp/%s" % queue)
+
+
+def test_every_job_is_done_once_or_dead_after_max_attempts(client):
+    docker("cp", str(CONSUMER), "%s:%s" % (client.name, PROGRAM))
+
+    @settings(max_examples=10, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(plan)
+    @example({"jobs": [("raise", 0, "a NUL \x00 byte"), ("ok",), ("raise", 8, "\ud800"), ("undecodable",),
+                       ("oddresult", "a lone \udcff surrogate"), ("ok",)], "limit": 6, "max_attempts": 1})
+    @example({"jobs": [("hang",), ("segv",), ("flood",), ("flaky", 1)], "limit": 4, "max_attempts": 2})
+    def run(case):
+        run_case(client, case)
+
+    run()
