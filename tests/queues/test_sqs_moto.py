@@ -185,9 +185,10 @@ def test_the_guides_consumer_runs_as_written(sqs, moto_url, tmp_path):
     library.mkdir()
     shutil.copy(os.path.join(TOP, "examples", "queue_library", "batchq_queue.py"), library)
     shutil.copy(os.path.join(SQS, "batchq_sqs.py"), library)
-    assert '"/usr/local/lib/batchq"' in code
+    # where examples/sqs_queue/sqs.yml installs them
+    assert '"/usr/local/lib/batchq-queue"' in code
     consumer = tmp_path / "consumer"
-    consumer.write_text(code.replace('"/usr/local/lib/batchq"', repr(str(library))))
+    consumer.write_text(code.replace('"/usr/local/lib/batchq-queue"', repr(str(library))))
     url, _dlq = make_queues(sqs, max_receive=6)  # above the default --max-attempts, 5
     sqs.send_message(QueueUrl=url, MessageBody="hello")
     done = subprocess.run([sys.executable, str(consumer), "--queue-url", url, "--endpoint-url", moto_url,
