@@ -5,12 +5,14 @@ client) of its own; everything is judged from the database and the
 consumer's own records.
 """
 
+import hashlib
 import json
+import tempfile
 import time
 
 import pytest
 
-from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, docker, sql, states, wait_for
+from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, ROOT, docker, sql, states, wait_for
 
 # The server's idle-in-transaction timeout for the batch of the test below, set
 # as a consumer's environment would (PGOPTIONS comes after the consumer's own
@@ -453,3 +455,26 @@ def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(client, queue
     code, output = client.run("batchq-pgqueue", "--queue", queue, *options, state="/tmp/" + queue)
     assert code == 2 and "error: %s: must be" % named in output, output
     assert states(queue) == {"queued": 3}
+
+
+def test_the_guides_consumer_runs_as_written(client, queue):
+    """The 15-line consumer of the writing guide's PostgreSQL section, where deploy.yml puts the modules."""
+    guide = (ROOT / "docs" / "docsite" / "rst" / "guide_writing.rst").read_text(encoding="utf-8")
+    section = guide.split("A PostgreSQL job table: ``examples/postgresql_queue``\n")[1]
+    lines = section.split(".. code-block:: python\n\n")[1].splitlines()
+    block = lines[:next(n for n, line in enumerate(lines) if line and not line.startswith("   "))]
+    code = "\n".join(line[3:] for line in block).strip() + "\n"
+    assert 12 <= len(code.splitlines()) <= 16, code
+    assert '"%s"' % LIBRARY_DIR in code
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as handle:
+        handle.write(code)
+        handle.flush()
+        docker("cp", handle.name, "%s:/usr/local/bin/guide-consumer" % client.name)
+    client.shell("chmod 0755 /usr/local/bin/guide-consumer")
+    enqueue(client, queue, 3)
+    code, output = client.run("guide-consumer", "--queue", queue)
+    assert code == 0, output
+    rows = sql("SELECT j.payload->>'n', r.result FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
+               "WHERE j.queue = '%s' ORDER BY 1" % queue)
+    assert {n: json.loads(result)["sha256"] for n, result in (line.split("|", 1) for line in rows.splitlines())} == {
+        str(n): hashlib.sha256(str(n).encode()).hexdigest() for n in range(1, 4)}

@@ -3,8 +3,10 @@ as a process on a spool in a temporary folder: results once, poison files,
 odd names, works that crash, hang or lie, options, exit codes, and the
 take-back of a killed batch's claims."""
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -317,3 +319,28 @@ def test_a_file_goes_to_failed_rather_than_over_another_of_its_name(top):
     assert (top / "done" / "x").read_text() == '{"file": "another"}'
     assert sorted(batchq_spool.parse(n)[:2] for n in listing(top)["failed"]) == [("x", 1), ("x", 1)]
     assert listing(top)["incoming"] == listing(top)["claims"] == []
+
+
+def test_the_guides_consumer_runs_as_written(top, tmp_path):
+    """The 15-line consumer of the writing guide's spool section, with the two modules copied where it looks."""
+    guide = open(os.path.join(TOP, "docs", "docsite", "rst", "guide_writing.rst"), encoding="utf-8").read()
+    section = guide.split("A directory of files: ``examples/spool_queue``\n")[1]
+    lines = section.split(".. code-block:: python\n\n")[1].splitlines()
+    block = lines[:next(n for n, line in enumerate(lines) if line and not line.startswith("   "))]
+    code = "\n".join(line[3:] for line in block).strip() + "\n"
+    assert 12 <= len(code.splitlines()) <= 16, code
+    library = tmp_path / "lib"
+    library.mkdir()
+    shutil.copy(os.path.join(TOP, "examples", "queue_library", "batchq_queue.py"), library)
+    shutil.copy(os.path.join(EXAMPLE, "batchq_spool.py"), library)
+    # where examples/spool_queue/spool.yml installs them
+    assert '"/usr/local/lib/batchq-queue"' in code
+    consumer = tmp_path / "consumer"
+    consumer.write_text(code.replace('"/usr/local/lib/batchq-queue"', repr(str(library))))
+    put(top, "a.json", b"one")
+    put(top, "b.json", b"two")
+    code, err = batch(top, program=str(consumer))
+    assert code == 0, err
+    # a result that is a JSON object is stored with what says which file and attempt it is
+    assert {name: result["sha256"] for name, result in results(top).items()} == {
+        "a.json": hashlib.sha256(b"one").hexdigest(), "b.json": hashlib.sha256(b"two").hexdigest()}
