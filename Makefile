@@ -130,9 +130,11 @@ pgqueue: $(VENV)/.installed images
 # 127.0.0.1 and spools in temporary folders.
 # No bytecode nor pytest cache is left in the tree; hypothesis keeps its files below CACHE.
 queues: $(QUEUES_VENV)/.installed $(DEBIAN11_VENV)/.installed
-	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue examples/spool_queue tests/queues \
+	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue examples/spool_queue \
+	  examples/postgresql_queue tests/queues tests/pgqueue \
 	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue \
-	  examples/spool_queue/batchq-spool examples/spool_queue/batchq-spool-enqueue
+	  examples/spool_queue/batchq-spool examples/spool_queue/batchq-spool-enqueue \
+	  examples/postgresql_queue/batchq-pgqueue examples/postgresql_queue/batchq-pgqueue-enqueue
 	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
 	  DEBIAN11_PYTHON=$(abspath $(DEBIAN11_VENV))/bin/python \
 	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
