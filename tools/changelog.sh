@@ -24,17 +24,27 @@ PY
   antsibull-changelog release --version "$version" --date "$date"
 }
 
+# Both work in a copy of the files git knows (untracked ones too, not the
+# ignored): antsibull-changelog copies the tree to read the plugins' docs,
+# and the ignored .cache holds venvs whose links point into containers.
 case ${1:-} in
-  update) release ;;
+  update|check) ;;
+  *) echo "usage: tools/changelog.sh update|check" >&2; exit 2 ;;
+esac
+files=(CHANGELOG.rst changelogs/changelog.yaml)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$tmp"
+(cd "$tmp" && release >/dev/null)
+
+case ${1:-} in
+  update)
+    for file in "${files[@]}"; do cp "$tmp/$file" "$file"; done
+    ;;
   check)
-    tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' EXIT
-    git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$tmp"
-    (cd "$tmp" && release >/dev/null)
-    for file in CHANGELOG.rst changelogs/changelog.yaml; do
+    for file in "${files[@]}"; do
       diff -u "$file" "$tmp/$file" || { echo "$file is not what the fragments say: run make changelog" >&2; exit 1; }
     done
     echo "changelog: up to date"
     ;;
-  *) echo "usage: tools/changelog.sh update|check" >&2; exit 2 ;;
 esac
