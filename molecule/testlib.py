@@ -300,6 +300,15 @@ def started(host, unit):
     return [_manager_time(e) for e in entries if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done"]
 
 
+def due_after_boot(host, timer, booted, delay):
+    """When timer (OnBootSec=delay) is due after the boot at booted: delay
+    after the boot, or at once when the timer itself starts later, as on a
+    loaded CI machine that reached the timers 11.6 s after boot."""
+    timer_started = wait_for(lambda: [t for t in started(host, timer) if t > booted], 60,
+                             "the start of %s after the boot" % timer)[0]
+    return max(booted + delay, timer_started)
+
+
 def scheduled_starts(host, timer):
     """When the role scheduled the start of timer (its transient starter was
     started), seconds since the epoch, oldest first."""
