@@ -13,6 +13,8 @@ TARBALL := $(CACHE)/build/batchq-consumers-$(VERSION).tar.gz
 DOCS_VENV ?= $(CACHE)/docs-venv
 # The queue examples' tests (requirements/queues.txt: boto3, moto, hypothesis) in a venv of their own.
 QUEUES_VENV ?= $(CACHE)/queues-venv
+# Debian 11's boto3 and botocore (requirements/queues-debian11.txt): batchq-sqs runs under them too.
+DEBIAN11_VENV ?= $(CACHE)/queues-debian11-venv
 SCENARIOS ?= default info faults drain fleet
 # The controller for ansible-core 2.20 and later, which need Python 3.12+.
 CONTROLLER_IMAGE ?= batchq/controller:trixie
@@ -54,6 +56,11 @@ $(VENV)/.installed: $(REQUIREMENTS)
 $(QUEUES_VENV)/.installed: requirements/queues.txt
 	$(PYTHON) -m venv $(QUEUES_VENV)
 	$(QUEUES_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/queues.txt
+	touch $@
+
+$(DEBIAN11_VENV)/.installed: requirements/queues-debian11.txt
+	$(PYTHON) -m venv $(DEBIAN11_VENV)
+	$(DEBIAN11_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/queues-debian11.txt
 	touch $@
 
 $(DOCS_VENV)/.installed: requirements/docs.txt
@@ -121,10 +128,11 @@ pgqueue: $(VENV)/.installed images
 # The queue library and the SQS example (examples/queue_library, examples/sqs_queue)
 # against an in-memory queue, a strict fake of SQS and a moto server on 127.0.0.1.
 # No bytecode nor pytest cache is left in the tree; hypothesis keeps its files below CACHE.
-queues: $(QUEUES_VENV)/.installed
+queues: $(QUEUES_VENV)/.installed $(DEBIAN11_VENV)/.installed
 	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue tests/queues \
 	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue
 	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
+	  DEBIAN11_PYTHON=$(abspath $(DEBIAN11_VENV))/bin/python \
 	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.

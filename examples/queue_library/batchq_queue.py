@@ -9,7 +9,7 @@ write one function, process(job). A complete consumer of an SQS queue:
     #!/usr/bin/python3
     import hashlib
     import sys
-    sys.path.insert(0, "/usr/local/lib/batchq")   # where batchq_queue.py is
+    sys.path.insert(0, "/usr/local/lib/batchq-queue")   # where install.yml puts it
     import batchq_queue
     import batchq_sqs                               # examples/sqs_queue/batchq-sqs
 

@@ -29,13 +29,20 @@ The batch checks about every second while a job runs, and between jobs.
 --visibility-timeout is 10 seconds at least: a slow call has room before a
 message would show again.
 
-Results once: SQS delivers at least once. A result is written to the
-results folder (--results, by default results/ in $STATE_DIRECTORY) as
-MESSAGE_ID.json, by link() of a synced temporary file: link() never
-replaces a file, so only the first delivery's result stays. A message whose
-result is there already is deleted without work. The folder is local to one
-host: consumers on several hosts need a shared store with the same
-create-once rule (a database row with a unique key, say).
+Results once: SQS delivers at least once. Each result is stored once, keyed
+by the message id; a message whose result is stored already is deleted
+without work. Two deliveries may still both run (another batch took the
+message while this one's work ran): the second result is dropped, and the
+batch says so on stderr. Two stores:
+- --results-table NAME: a DynamoDB table that every host shares. Its
+  partition key is message_id, a string. A result is an item written by
+  PutItem with the condition attribute_not_exists(message_id), so the first
+  delivery's stays. It is read back with a consistent read. An item holds at
+  most 400 KB: a larger result fails the put, and the batch exits 1.
+- --results DIR (by default results/ in $STATE_DIRECTORY), for one host
+  alone: MESSAGE_ID.json, made by link() of a synced temporary file. link()
+  never replaces a file. The folder is local: a message delivered again to
+  another host gets its result applied there a second time.
 
 Done and dead messages are deleted by DeleteMessageBatch, 10 at a time as
 they end, and the rest at the end of the batch. Until then the heartbeat
@@ -45,6 +52,12 @@ message's latest receipt handle, up to three times.
 A failed job's message is made visible again after its backoff (its
 visibility timeout set to the backoff, at most 12 hours less its time in
 flight).
+
+boto3: Debian's python3-boto3 (1.13.14 with botocore 1.20.0 on Debian 11,
+1.26.27 with 1.29.27 on 12, 1.37.9 on 13). Only calls and parameters that
+boto3 1.13 and botocore 1.16 have are used: ReceiveMessage's AttributeNames
+(not the newer MessageSystemAttributeNames), Config's retry mode "standard"
+(botocore 1.15), DynamoDB's ConditionExpression and ConsistentRead.
 
 Credentials: the AWS shared-credentials file $CREDENTIALS_DIRECTORY/aws
 (the role's credential "aws"), or else botocore's chain without the
@@ -77,6 +90,8 @@ MOST_WAIT = 20
 MOST_VISIBILITY = 43200
 # A message's body and attributes (names, types and values) together, in bytes.
 MOST_BYTES = 262144
+# The results table's partition key: the message id, a string.
+TABLE_KEY = "message_id"
 
 
 def add_options(parser):
@@ -86,7 +101,9 @@ def add_options(parser):
     parser.add_argument("--visibility-timeout", type=int, default=60,
                         help="seconds a received message stays hidden; renewed while its job runs")
     parser.add_argument("--wait-seconds", type=int, default=MOST_WAIT, help="the long poll of the first receive")
-    parser.add_argument("--results", help="the results folder (default: results/ in $STATE_DIRECTORY)")
+    parser.add_argument("--results", help="the results folder of this host (default: results/ in $STATE_DIRECTORY)")
+    parser.add_argument("--results-table", help="a DynamoDB table of results that every host shares, instead")
+    parser.add_argument("--table-endpoint-url", help="another DynamoDB endpoint (tests, a VPC endpoint)")
     parser.add_argument("--profile", default="default", help="the section of the credentials file")
 
 
@@ -100,7 +117,14 @@ def check(args):
     if args.backoff_max > MOST_VISIBILITY:
         return "--backoff-max: must be at most %d seconds (SQS's longest visibility), got %s" % (
             MOST_VISIBILITY, args.backoff_max)
-    if not args.results and not os.environ.get("STATE_DIRECTORY"):
+    if args.results_table is not None:
+        # DynamoDB's own rule for a table name.
+        if not (3 <= len(args.results_table) <= 255 and
+                all(c.isascii() and (c.isalnum() or c in "_.-") for c in args.results_table)):
+            return "--results-table: must be 3 to 255 letters, digits, _, . and -, got %r" % args.results_table
+        if args.results:
+            return "--results-table: one store of results, not both --results and --results-table"
+    elif not args.results and not os.environ.get("STATE_DIRECTORY"):
         return "--results: needed when $STATE_DIRECTORY is not set"
     return None
 
@@ -136,21 +160,28 @@ def session(args, environ=None):
     return boto3.Session(region_name=args.region, botocore_session=core)
 
 
-def client(args):
+def client(args, service="sqs", endpoint_url=None):
+    # retries' "mode" came with botocore 1.15: Debian 11's 1.20 has it.
     config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10,
                     read_timeout=MOST_WAIT + 10)
-    return session(args).client("sqs", endpoint_url=args.endpoint_url, config=config)
+    if service == "sqs":
+        endpoint_url = args.endpoint_url
+    return session(args).client(service, endpoint_url=endpoint_url, config=config)
 
 
 def backend(args):
     """The backend of the options; exits 2 when the queue lacks a fitting redrive policy."""
-    results = args.results or os.path.join(os.environ["STATE_DIRECTORY"].split(":")[0], "results")
+    results = table = None
+    if not args.results_table:
+        results = args.results or os.path.join(os.environ["STATE_DIRECTORY"].split(":")[0], "results")
     try:
         sqs_client = client(args)
+        if args.results_table:
+            table = ResultsTable(client(args, "dynamodb", args.table_endpoint_url), args.results_table)
     except ValueError as exc:  # a credential file without the keys: a setting to fix, not an outage
         print("batchq-sqs: error: %s" % exc, file=sys.stderr)
         sys.exit(2)
-    sqs = SQSBackend(sqs_client, args.queue_url, results, args.visibility_timeout, args.wait_seconds)
+    sqs = SQSBackend(sqs_client, args.queue_url, results, args.visibility_timeout, args.wait_seconds, table=table)
     try:
         problem = sqs.setup(args.max_attempts)
     except batchq_queue.QueueError as exc:
@@ -173,12 +204,58 @@ def redrive_problem(attributes, max_attempts):
     return None if arn.count(":") >= 5 else "the redrive policy's deadLetterTargetArn is not an ARN: %s" % arn
 
 
-class SQSBackend(batchq_queue.Backend):
+class ResultsTable:
+    """Results in a DynamoDB table that every host shares, one item per message id, written once."""
 
-    def __init__(self, sqs, queue_url, results, visibility, wait, now=time.monotonic):
+    def __init__(self, dynamodb, name):
+        self.dynamodb = dynamodb
+        self.name = name
+
+    def call(self, name, **params):
+        try:
+            return getattr(self.dynamodb, name)(**params)
+        except (BotoCoreError, ClientError) as exc:
+            raise batchq_queue.QueueError("%s %s: %s" % (name, self.name, exc))
+
+    def problem(self):
+        """What is wrong with the table's key; None when nothing is."""
+        table = self.call("describe_table", TableName=self.name)["Table"]
+        types = {item["AttributeName"]: item["AttributeType"] for item in table.get("AttributeDefinitions", [])}
+        if table.get("KeySchema") != [{"AttributeName": TABLE_KEY, "KeyType": "HASH"}] or types.get(TABLE_KEY) != "S":
+            return "the results table %s must have the partition key %s, a string, and no sort key" % (
+                self.name, TABLE_KEY)
+        return None
+
+    def has(self, key):
+        # A consistent read: a put that another host made a moment ago is seen.
+        reply = self.call("get_item", TableName=self.name, Key={TABLE_KEY: {"S": key}}, ConsistentRead=True,
+                          ProjectionExpression=TABLE_KEY)
+        return "Item" in reply
+
+    def put(self, key, text, queue_url):
+        """Store the result unless one is there already; False when one was."""
+        item = {TABLE_KEY: {"S": key}, "result": {"S": text}, "queue_url": {"S": queue_url},
+                "stored_at": {"N": str(int(time.time()))}}
+        try:
+            self.dynamodb.put_item(TableName=self.name, Item=item,
+                                   ConditionExpression="attribute_not_exists(%s)" % TABLE_KEY)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False  # a second delivery: the first result stays
+            raise batchq_queue.QueueError("put_item %s: %s" % (self.name, exc))
+        except BotoCoreError as exc:
+            raise batchq_queue.QueueError("put_item %s: %s" % (self.name, exc))
+        return True
+
+
+class SQSBackend(batchq_queue.Backend):
+    """results is the folder of results, or None with table, a ResultsTable."""
+
+    def __init__(self, sqs, queue_url, results, visibility, wait, now=time.monotonic, table=None):
         self.sqs = sqs
         self.url = queue_url
         self.results = results
+        self.table = table
         self.visibility = visibility
         self.wait = wait
         self.now = now
@@ -204,6 +281,8 @@ class SQSBackend(batchq_queue.Backend):
         self.fifo = attributes.get("FifoQueue") == "true"
         arn = json.loads(attributes["RedrivePolicy"])["deadLetterTargetArn"].split(":")
         self.dlq_url = self.call("get_queue_url", QueueName=arn[5], QueueOwnerAWSAccountId=arn[4])["QueueUrl"]
+        if self.table:
+            return self.table.problem()
         os.makedirs(self.results, exist_ok=True)
         return None
 
@@ -268,14 +347,23 @@ class SQSBackend(batchq_queue.Backend):
         return os.path.join(self.results, "".join(c for c in job.id if c.isalnum() or c == "-") + ".json")
 
     def has_result(self, job):
-        return os.path.exists(self.result_path(job))
+        found = self.table.has(job.id) if self.table else os.path.exists(self.result_path(job))
+        if found:
+            print("batchq-sqs: %s: its result is stored already: deleted without work" % job.id, file=sys.stderr)
+        return found
 
     def done(self, job, result):
         if result is not None:
-            try:
-                write_once(self.result_path(job), result)
-            except OSError as exc:  # a full disk, say: the job stays on the queue
-                raise batchq_queue.QueueError("the result of %s: %s" % (job.id, exc))
+            if self.table:
+                stored = self.table.put(job.id, result, self.url)
+            else:
+                try:
+                    stored = write_once(self.result_path(job), result)
+                except OSError as exc:  # a full disk, say: the job stays on the queue
+                    raise batchq_queue.QueueError("the result of %s: %s" % (job.id, exc))
+            if not stored:
+                print("batchq-sqs: %s: another delivery's result is stored already: this one is dropped" % job.id,
+                      file=sys.stderr)
         self.delete_later(job.id)
 
     def failed(self, job, error, delay):

@@ -14,8 +14,10 @@ What only this fake checks (moto does not, or not exactly):
   attribute value, an empty String or Number value, or a body and attributes
   of more than 256 KiB together.
 What the tests check against moto instead: a whole drain through boto3 and
-HTTP, redrive policies read at start, the dead-letter queue filled, and the
-property test's runs on a real (if lenient) SQS.
+HTTP, redrive policies read at start, the dead-letter queue filled, the
+property test's runs on a real (if lenient) SQS, and the DynamoDB results
+table (--results-table): this fake is SQS alone, and moto's DynamoDB refuses
+a second conditional put as DynamoDB does.
 """
 
 import itertools

@@ -260,6 +260,9 @@ def test_a_fitting_redrive_policy_passes():
     (["--wait-seconds", "21"], "--wait-seconds"),
     (["--backoff-max", "50000"], "--backoff-max"),
     (["--results", ""], "--results"),
+    (["--results-table", "ab"], "--results-table"),
+    (["--results-table", "batchq/results"], "--results-table"),
+    (["--results-table", "batchq-results", "--results", "results"], "--results-table"),
 ])
 def test_a_bad_option_exits_2_before_any_call(argv, option, tmp_path):
     env = dict(os.environ, STATE_DIRECTORY=str(tmp_path))
