@@ -37,6 +37,9 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
   before they could tell) is dead before any work, unless its result was
   applied already: then it is done.
 - A result is applied once: the backend's done() must see to that.
+- When has_result() fails (the store of results is out of reach), whether
+  the job was done is unknown: it and the jobs after it go back unstarted,
+  and the batch exits 1.
 - No new job starts after SIGTERM or after --max-seconds. The jobs not
   started go back to the queue (release). So does a job whose process
   SIGTERM ended after the batch's own SIGTERM (systemd stops a whole
@@ -411,15 +414,24 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             return False
 
     unstarted = []
+    store_down = False  # has_result failed: the store of results is out of reach
     for job in jobs:
         # Between jobs too: the last one's outcome (an fsync, a send) may have taken a while.
         keep_alive()
         late = TERM["asked"] or (args.max_seconds and clock() - start >= args.max_seconds)
-        if late or (job.group is not None and job.group in blocked):
+        if late or store_down or (job.group is not None and job.group in blocked):
             unstarted.append(job)
             continue
         # A result stored already wins over the attempts: only its delete was lost.
-        if backend.has_result(job):
+        try:
+            stored = backend.has_result(job)
+        except QueueError as exc:
+            # Whether it was done is unknown: it goes back unstarted, and so do the jobs after it.
+            errors.append("has_result: %s" % clean_text(str(exc)))
+            store_down = True
+            unstarted.append(job)
+            continue
+        if stored:
             if outcome(backend.done, job, None):
                 counts["done"] += 1
         elif job.attempts > args.max_attempts:

@@ -365,6 +365,22 @@ def test_a_refused_result_fails_its_job_alone_and_backs_off(capsys):
     assert states(backend) == ["done", "dead", "done"] and backend.jobs[1]["attempts"] == 2
 
 
+class StoreDown(MemoryBackend):
+    def has_result(self, job):
+        self.calls.append("has_result")
+        raise batchq_queue.QueueError("could not connect to the results table")
+
+
+def test_a_store_of_results_out_of_reach_releases_the_jobs_and_is_exit_1(capsys):
+    # A host cut off from the network: whether a job was done is unknown, so none runs.
+    backend = StoreDown(["a", "b", "c"])
+    assert run(backend, ok) == 1
+    assert backend.calls.count("has_result") == 1  # the first failure stops the batch
+    assert [job["state"] for job in backend.jobs.values()] == ["ready"] * 3
+    assert [job["attempts"] for job in backend.jobs.values()] == [1] * 3
+    assert "the queue failed: has_result: could not connect to the results table" in capsys.readouterr().err
+
+
 def test_an_outage_fails_every_job_and_exits_1_not_75(tmp_path):
     down = tmp_path / "down"
     down.touch()
