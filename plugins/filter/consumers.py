@@ -57,7 +57,16 @@ def consumer_questions(normalized, account=DEFAULT_ACCOUNT):
     return questions(normalized, account)
 
 
+# The settings a plan needs beyond account, prefix, metrics, metrics_dir and
+# helper_dir, as the role sets them when a caller gives none.
+PLAN_DEFAULTS = {"exclusive": False, "unit_dir": UNIT_DIR, "secrets_dir": SECRETS_DIR, "hooks_state_dir": HOOKS_STATE_DIR}
+
+
 def consumer_plan(normalized, answers, settings, host="this host"):
+    if "found" not in answers:
+        raise AnsibleFilterError("consumer_plan: the answers list no folders ('found'): ask consumer_preflight with its"
+                                 " find option, as the role does, so that the plan can say what to remove")
+    settings = dict(PLAN_DEFAULTS, **settings)
     # A switch given on the command line (-e consumer_metrics=false) is a string.
     switches = {name: boolean(settings[name], strict=False) for name in ("metrics", "exclusive")}
     return plan(normalized, answers, dict(settings, **switches), host)

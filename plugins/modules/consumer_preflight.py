@@ -69,7 +69,9 @@ options:
     default: []
     suboptions:
       path:
-        description: The folder; one that does not exist has nothing in it.
+        description:
+          - The folder; one that does not exist has nothing in it. One that cannot be read fails the
+            module (the role's secrets folder needs root).
         type: path
         required: true
       patterns:
@@ -167,6 +169,7 @@ missing_paths:
   sample: [/usr/local/bin/process_queue]
 """
 
+import errno
 import fnmatch
 import hashlib
 import os
@@ -213,11 +216,18 @@ def unit_digests(folder, patterns):
     return digests
 
 
+def _missing_is_empty(error):
+    """os.walk's onerror: a folder that does not exist has nothing in it; one
+    that cannot be read must not look empty, or the plan would keep what it lists."""
+    if error.errno != errno.ENOENT:
+        raise error
+
+
 def find(folder, patterns, depth):
     """The paths below folder, depth levels deep, whose names match one of
     patterns; links are listed, never followed."""
     found = []
-    for root, folders, files in os.walk(folder):
+    for root, folders, files in os.walk(folder, onerror=_missing_is_empty):
         level = root[len(folder):].count(os.sep) + 1
         names = folders + files
         found += [os.path.join(root, name) for name in names if any(fnmatch.fnmatch(name, p) for p in patterns)]
@@ -289,6 +299,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:
+        found = {entry["path"]: find(entry["path"], entry["patterns"], entry["depth"]) for entry in module.params["find"]}
+    except OSError as exc:
+        module.fail_json(msg="cannot list %s: %s" % (exc.filename, exc.strerror))
     rc, version, err = module.run_command([module.get_bin_path("systemctl", required=True), "--version"],
                                           environ_update=LANG_C)
     if rc != 0:
@@ -307,7 +321,7 @@ def main():
         missing_paths=[path for path in module.params["paths"] if not os.path.exists(path)],
         credentials_shared=is_shared(read_mountinfo(), "/run/credentials"),
         units=unit_digests(module.params["unit_dir"], module.params["unit_patterns"]),
-        found={entry["path"]: find(entry["path"], entry["patterns"], entry["depth"]) for entry in module.params["find"]},
+        found=found,
     )
 
 

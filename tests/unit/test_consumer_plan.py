@@ -9,6 +9,7 @@ import json
 import pathlib
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import (
     digest,
@@ -17,6 +18,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan imp
     units_to_write,
     with_texts,
 )
+from ansible_collections.batchq.consumers.plugins.filter.consumers import consumer_plan as consumer_plan_filter
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import normalize_consumers
 from ansible_collections.batchq.consumers.plugins.modules import consumer_preflight
 
@@ -358,3 +360,21 @@ def test_a_credential_in_the_form_the_host_no_longer_reads_is_stale(suite, stale
     # systemd 250 and later read credentials encrypted: the clear file is then stale
     keeper = dict(PLAIN, secret_environment={"A": "1"}, credentials={"token": "x"})
     assert planned(keeper, suite=suite, **THUMBS_ON_HOST)["removal"]["stale_secrets"] == stale
+
+
+# The filter the role calls: the settings a caller leaves out, switches as strings, answers without a listing
+def test_the_filter_takes_the_roles_folders_when_a_caller_gives_none_and_switches_as_strings():
+    given = {"account": "batchq", "prefix": "batchq-", "metrics": "false", "metrics_dir": SETTINGS["metrics_dir"],
+             "helper_dir": SETTINGS["helper_dir"], "exclusive": "true"}
+    decided = consumer_plan_filter(units(dict(PLAIN, name="other")), answers(**THUMBS_ON_HOST), given, "h1")
+    assert decided["settings"]["metrics"] is False and decided["settings"]["exclusive"] is True
+    assert {k: decided["settings"][k] for k in ("unit_dir", "secrets_dir", "hooks_state_dir")} == {
+        "unit_dir": UNIT_DIR, "secrets_dir": SECRETS_DIR, "hooks_state_dir": "/var/lib/batchq-hooks"}
+    assert decided["removal"]["removed"] == ["thumbs"]
+
+
+def test_the_filter_refuses_answers_that_list_no_folder():
+    without = answers()
+    del without["found"]
+    with pytest.raises(AnsibleFilterError, match="find option"):
+        consumer_plan_filter(units(PLAIN), without, SETTINGS, "h1")

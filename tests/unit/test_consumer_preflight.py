@@ -4,6 +4,8 @@
 import hashlib
 import pathlib
 
+import pytest
+
 from ansible_collections.batchq.consumers.plugins.modules import consumer_preflight
 
 # getent passwd batchq www-data nobody-here; getent group batchq (Debian 12)
@@ -95,3 +97,10 @@ def test_find_lists_matching_names_to_the_depth_asked_without_following_links(tm
     shallow = [str(units / "batchq-a.service"), str(units / "batchq-a.service.d")]
     assert consumer_preflight.find(str(units), ["batchq-*"], 1) == shallow
     assert consumer_preflight.find(str(tmp_path / "none"), ["*"], 1) == []
+
+
+def test_find_fails_on_a_folder_it_cannot_list_rather_than_find_it_empty(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    with pytest.raises(NotADirectoryError):
+        consumer_preflight.find(str(not_a_folder), ["*"], 1)
