@@ -108,7 +108,10 @@ CLAIM = """
 # wait never closes a cycle.
 LOCK = """SELECT id FROM batchq_jobs WHERE id = ANY(%s::bigint[]) AND claimed_by = %s AND state = 'running'
           FOR NO KEY UPDATE"""
-DUE_LEFT = """SELECT EXISTS (SELECT FROM batchq_jobs WHERE queue = %s AND state = 'queued' AND run_at <= now())"""
+# clock_timestamp(), not now(): now() is when the batch's transaction began, and a job that
+# failed during the batch with no backoff is due from the moment it failed, later than that.
+DUE_LEFT = """SELECT EXISTS (SELECT FROM batchq_jobs WHERE queue = %s AND state = 'queued'
+                             AND run_at <= clock_timestamp())"""
 # The outcomes, each in the batch's transaction.
 DONE = """UPDATE batchq_jobs SET state = 'done', done_at = clock_timestamp(), done_by = %s, claimed_by = NULL
           WHERE id = %s"""
