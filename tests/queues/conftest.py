@@ -82,3 +82,12 @@ def credentials(tmp_path, monkeypatch):
     (folder / "aws").write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(folder))
     return folder
+
+
+def alive(pid):
+    """Whether process pid runs: a zombie has ended, though /proc still shows it until it is reaped."""
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

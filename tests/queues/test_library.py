@@ -11,7 +11,7 @@ import pytest
 
 import batchq_queue
 from batchq_queue import MemoryBackend
-from conftest import parsed_options
+from conftest import alive, parsed_options
 
 
 @pytest.fixture(autouse=True)
@@ -135,15 +135,6 @@ def test_a_helper_that_outlives_its_job_does_not_fail_it():
     started = time.monotonic()
     assert run(backend, helper, job_timeout=3.0) == 0
     assert states(backend) == ["done"] and time.monotonic() - started < 2.5
-
-
-def alive(pid):
-    """Whether pid runs (a zombie has ended)."""
-    try:
-        with open("/proc/%d/stat" % pid) as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_jobs_process_dies_with_its_batch(tmp_path):

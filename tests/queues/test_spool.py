@@ -3,6 +3,7 @@ as a process on a spool in a temporary folder: results once, poison files,
 odd names, works that crash, hang or lie, options, exit codes, and the
 take-back of a killed batch's claims."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ import time
 import pytest
 
 import batchq_spool
-from conftest import TOP
+from conftest import TOP, alive
 
 EXAMPLE = os.path.join(TOP, "examples", "spool_queue")
 CONSUMER, ENQUEUE = os.path.join(EXAMPLE, "batchq-spool"), os.path.join(EXAMPLE, "batchq-spool-enqueue")
@@ -254,16 +255,19 @@ def test_a_killed_batchs_claim_is_taken_back_the_file_at_work_counted(top):
     # what it finished left its claim at once: only the file at work and those not started are there
     (claim,) = claims.iterdir()
     assert sorted(os.listdir(claim)) == ["b-000001.json~1", "c-000001.json~1", "c-000002.json~1", "lock"]
+    # the note is written just before the work's process starts
+    wait_for(lambda: children(stuck.pid), 30, "the work's process of b-000001.json to start")
     (work,) = children(stuck.pid)
-    os.killpg(stuck.pid, signal.SIGKILL)  # as a batch's timeout does: the work's child has a group of its own
+    os.killpg(stuck.pid, signal.SIGKILL)  # as a batch's timeout does: the work's process has a group of its own
     stuck.wait(timeout=10)
     try:
-        # the work's child still runs, and yet the claim is free to take back: the child closed the lock
+        # It dies with its batch: it would hold the claim's lock, and run on beside the next batch.
+        wait_for(lambda: not alive(work), 10, "the work's process to die with its batch")
         code, err = batch(top, "--limit", "10", "--backoff-min", "60", "--backoff-max", "60")
-        assert os.path.exists("/proc/%d" % work), "the work's child ended: the test proves nothing"
     finally:
-        os.kill(work, signal.SIGKILL)
-        stuck.communicate(timeout=10)  # the child held its pipes
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(work, signal.SIGKILL)
+        stuck.communicate(timeout=10)
     assert code == 0, err
     (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
     assert (taken["working"], taken["counted"], taken["refunded"]) == (
