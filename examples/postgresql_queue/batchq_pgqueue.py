@@ -36,7 +36,6 @@ each batch claimed and how it ended.
 
 import argparse
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -165,25 +164,9 @@ def record(event, limit, **fields):
     path = os.path.join(directory.split(":")[0], RECORDS)
     line = (json.dumps(dict(fields, event=event, batch=batch_name(), time=time.time())) + "\n").encode()
     try:
-        append_record(path, line, limit)
+        batchq_queue.append_record(path, line, limit, 0o666)
     except OSError as exc:  # a full disk must not fail the batch: its jobs' attempts would be used up in vain
         print("batch records not written: %s" % exc, file=sys.stderr)
-
-
-def append_record(path, line, limit):
-    """record()'s write, rotation included."""
-    while True:
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
-                    os.write(descriptor, line)
-                    if os.fstat(descriptor).st_size >= limit:
-                        os.replace(path, path + ".1")
-                    return
-        finally:
-            os.close(descriptor)  # and with it the lock
 
 
 def startup_settings(options):

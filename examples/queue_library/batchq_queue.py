@@ -59,6 +59,7 @@ anything is claimed.
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import json
 import math
 import os
@@ -266,6 +267,24 @@ def stand_in(args):
                 raise ValueError("job payload asks to raise")
         return {"job": str(job.id), "bytes": len(str(job.payload))}
     return process
+
+
+def append_record(path, line, limit, mode=0o640):
+    """Append line (bytes) to the records file at path, under an exclusive
+    lock; once it holds limit bytes, it becomes path.1. A writer that opened
+    the file just before another rotated it writes again, to the new file."""
+    while True:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                    os.write(descriptor, line)
+                    if os.fstat(descriptor).st_size >= limit:
+                        os.replace(path, path + ".1")
+                    return
+        finally:
+            os.close(descriptor)  # and with it the lock
 
 
 def flush_stdio():

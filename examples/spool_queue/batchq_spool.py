@@ -160,18 +160,7 @@ def record(event, limit, **fields):
     path = os.path.join(directory.split(":")[0], RECORDS)
     line = (json.dumps(dict(fields, event=event, batch=batch_name(), time=time.time())) + "\n").encode()
     try:
-        while True:
-            descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX)
-                with contextlib.suppress(FileNotFoundError):
-                    if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
-                        os.write(descriptor, line)
-                        if os.fstat(descriptor).st_size >= limit:
-                            os.replace(path, path + ".1")
-                        return
-            finally:
-                os.close(descriptor)
+        batchq_queue.append_record(path, line, limit)
     except OSError as exc:
         print("warning: no %s record in %s: %s" % (event, path, exc), file=sys.stderr)
 
