@@ -91,3 +91,12 @@ def alive(pid):
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def guide_consumer(heading):
+    """The first Python block of the writing guide's section that heading opens, as a program's text."""
+    with open(os.path.join(TOP, "docs", "docsite", "rst", "guide_writing.rst"), encoding="utf-8") as handle:
+        section = handle.read().split(heading + "\n")[1]
+    lines = section.split(".. code-block:: python\n\n")[1].splitlines()
+    block = lines[:next(n for n, line in enumerate(lines) if line and not line.startswith("   "))]
+    return "\n".join(line[3:] for line in block).strip() + "\n"

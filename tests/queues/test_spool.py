@@ -16,7 +16,7 @@ import time
 import pytest
 
 import batchq_spool
-from conftest import TOP, alive
+from conftest import TOP, alive, guide_consumer
 
 EXAMPLE = os.path.join(TOP, "examples", "spool_queue")
 CONSUMER, ENQUEUE = os.path.join(EXAMPLE, "batchq-spool"), os.path.join(EXAMPLE, "batchq-spool-enqueue")
@@ -327,11 +327,7 @@ def test_a_file_goes_to_failed_rather_than_over_another_of_its_name(top):
 
 def test_the_guides_consumer_runs_as_written(top, tmp_path):
     """The 15-line consumer of the writing guide's spool section, with the two modules copied where it looks."""
-    guide = open(os.path.join(TOP, "docs", "docsite", "rst", "guide_writing.rst"), encoding="utf-8").read()
-    section = guide.split("A directory of files: ``examples/spool_queue``\n")[1]
-    lines = section.split(".. code-block:: python\n\n")[1].splitlines()
-    block = lines[:next(n for n, line in enumerate(lines) if line and not line.startswith("   "))]
-    code = "\n".join(line[3:] for line in block).strip() + "\n"
+    code = guide_consumer("A directory of files: ``examples/spool_queue``")
     assert 12 <= len(code.splitlines()) <= 16, code
     library = tmp_path / "lib"
     library.mkdir()

@@ -19,7 +19,7 @@ import uuid
 import boto3
 import pytest
 
-from conftest import SQS, TOP
+from conftest import SQS, TOP, guide_consumer
 
 REGION = "us-east-1"
 # The python of a venv with Debian 11's boto3 and botocore (requirements/queues-debian11.txt).
@@ -176,10 +176,7 @@ def test_an_unreachable_queue_is_exit_1(moto_url, tmp_path, credentials):
 
 def test_the_guides_consumer_runs_as_written(sqs, moto_url, tmp_path):
     """The 15-line consumer of the writing guide ("An SQS queue"), with the two modules copied where it looks."""
-    guide = open(os.path.join(TOP, "docs", "docsite", "rst", "guide_writing.rst"), encoding="utf-8").read()
-    section = guide.split("An SQS queue\n====")[1]
-    block = section.split(".. code-block:: python\n\n")[1].split("\n\n.. ")[0]
-    code = "\n".join(line[3:] for line in block.splitlines())
+    code = guide_consumer("An SQS queue")
     assert 12 <= len(code.splitlines()) <= 16
     library = tmp_path / "lib"
     library.mkdir()
