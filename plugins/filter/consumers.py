@@ -11,7 +11,14 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import plan, questions, units_to_write, with_texts
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import sha256
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import (
+    HELPERS,
+    plan,
+    questions,
+    units_to_write,
+    with_texts,
+)
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import (
     AFTER_RUN,
     CONTINUE_UNIT,
@@ -53,23 +60,36 @@ def consumers(value, defaults=None, prefix=DEFAULT_PREFIX):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def consumer_questions(normalized, account=DEFAULT_ACCOUNT):
-    return questions(normalized, account)
-
-
 # The settings a plan needs beyond account, prefix, metrics, metrics_dir and
 # helper_dir, as the role sets them when a caller gives none.
 PLAN_DEFAULTS = {"exclusive": False, "unit_dir": UNIT_DIR, "secrets_dir": SECRETS_DIR, "hooks_state_dir": HOOKS_STATE_DIR}
 
+# What consumer_preflight answers when asked the questions of consumer_questions
+# with the plan's settings, and the plan needs.
+PLAN_ANSWERS = ("found", "unit_states", "stat", "stale_units")
 
-def consumer_plan(normalized, answers, settings, host="this host"):
-    if "found" not in answers:
-        raise AnsibleFilterError("consumer_plan: the answers list no folders ('found'): ask consumer_preflight with its"
-                                 " find option, as the role does, so that the plan can say what to remove")
+
+def _plan_settings(settings):
     settings = dict(PLAN_DEFAULTS, **settings)
     # A switch given on the command line (-e consumer_metrics=false) is a string.
-    switches = {name: boolean(settings[name], strict=False) for name in ("metrics", "exclusive")}
-    return plan(normalized, answers, dict(settings, **switches), host)
+    return dict(settings, **{name: boolean(settings[name], strict=False) for name in ("metrics", "exclusive")})
+
+
+def consumer_questions(normalized, account=DEFAULT_ACCOUNT, settings=None):
+    return questions(normalized, account, None if settings is None else _plan_settings(settings))
+
+
+def consumer_plan(normalized, answers, settings, host="this host", files_dir=None):
+    missing = [key for key in PLAN_ANSWERS if key not in answers]
+    if missing:
+        raise AnsibleFilterError("consumer_plan: the answers have no %s: ask consumer_preflight the questions of"
+                                 " consumer_questions with the plan's settings, and the folders to find, as the role"
+                                 " does" % ", ".join(missing))
+    sources = {}
+    for name in HELPERS if files_dir else ():
+        with open(os.path.join(files_dir, name), "rb") as handle:
+            sources[name] = sha256(handle.read())
+    return plan(normalized, answers, _plan_settings(settings), host, sources)
 
 
 def consumer_file_texts(files, folder):

@@ -14,14 +14,16 @@ each decision is tested as a unit with the answers of real hosts
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import differs, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import preload_pythons
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import starter_units, timer_changes
 
 __metaclass__ = type
 
@@ -33,6 +35,7 @@ DOT_PART_RE = re.compile(r"/\.\.?(/|$)")
 # The helpers a consumer needs on the host, copied from the role's files.
 DRAIN_HELPERS = ("batchq-drain",)
 AFTER_RUN_HELPERS = ("batchq_metrics.py", "batchq_after_run.py")
+HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS
 
 
 def _unique(values):
@@ -50,19 +53,25 @@ def installed(units):
     return [unit for unit in units if unit["state"] != "absent"]
 
 
-def questions(units, account):
+def questions(units, account, settings=None):
     """What to ask the host about the normalised consumers (consumer_spec):
     the consumer_preflight module's options. Accounts by name, never by
-    listing: see that module's documentation."""
+    listing: see that module's documentation. With the plan's settings, also
+    the states of the timers and of the files the plan wants: a deploy that
+    changes nothing then skips the tasks that would change them."""
     kept = installed(units)
-    return {
+    asked = {}
+    if settings is not None:
+        asked = {"unit_states": [unit for timer in timers_to_set(units) for unit in switched_units(timer)],
+                 "stat": [entry["path"] for entry in wanted_files(units, settings)]}
+    return dict(asked, **{
         "spans": _unique(value for unit in units for value in unit["spans"].values()),
         "users": _unique([account] + [unit["user"] for unit in kept]),
         "groups": _unique([account] + [unit["group"] for unit in kept]),
         "paths": _unique(need["path"] for unit in kept for need in unit["required_paths"]),
         # the scripts of preloaded consumers: their #! line names the Python to run under
         "first_lines": _unique(unit["preload_script"] for unit in kept if unit["preload_script"]),
-    }
+    })
 
 
 def metrics_dir_problem(folder):
@@ -151,6 +160,77 @@ def helper_files(units, metrics, helper_dir):
         dict(root, path="%s/%s" % (helper_dir, name), source=name) for name in names]
 
 
+def wanted_files(units, settings):
+    """Every file and folder the consumers need laid out, in order: the
+    helpers, node_exporter's textfile folder (never taking a right away from a
+    folder other exporters may share), then each consumer's metrics files;
+    with metrics off, their removal (consumer_metrics says what and why)."""
+    kept = installed(units)
+    metrics = settings["metrics"]
+    folder = [{"path": settings["metrics_dir"], "state": "directory", "mode": "a+rx"}] if metrics and kept else []
+    return (helper_files(units, metrics, settings["helper_dir"]) + folder
+            + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics))
+
+
+def _ids(entry, answers):
+    """The (uid, gid) of the entry's owner and group on the host, -1 for what
+    it leaves alone; None when the host has no such account yet."""
+    uid = group = -1
+    if entry.get("owner"):
+        uid = 0 if entry["owner"] == "root" else answers["users"].get(entry["owner"], {}).get("uid")
+    if entry.get("group"):
+        group = 0 if entry["group"] == "root" else answers["groups"].get(entry["group"])
+    return None if uid is None or group is None else (uid, group)
+
+
+def files_to_lay_out(files, answers, sources):
+    """The entries of files that the host does not have as they are, by the
+    consumer_preflight module's description of each path (answers["stat"]).
+    An entry with a source compares its text by sources ({name: SHA-256})."""
+    described = answers["stat"]
+    differing = []
+    for entry in files:
+        if entry["path"] not in described or ("source" in entry and entry["source"] not in sources):
+            differing.append(entry)
+        elif differs(entry, described[entry["path"]], _ids(entry, answers), sources.get(entry.get("source"))):
+            differing.append(entry)
+    return differing
+
+
+def switched_units(timer):
+    """The timer and its scheduled start, whose states say whether the timer is on."""
+    return [timer] + starter_units(timer)
+
+
+def timers_to_set(units):
+    """The timers whose state the role sets: those of present and paused consumers."""
+    return [timer for unit in installed(units) for timer in unit["timers"]]
+
+
+def timers_to_switch(start, stop, states):
+    """The timers of start and stop that are not yet as the consumer_units
+    module leaves them, by the states consumer_preflight reported (the
+    module's own rule, timer_changes())."""
+    def file_state(unit):
+        return (states.get(unit) or {}).get("UnitFileState", "")
+
+    def active(unit):
+        return (states.get(unit) or {}).get("ActiveState", "") in ("active", "activating")
+
+    to_enable, to_schedule, to_stop = timer_changes([entry["timer"] for entry in start], stop, file_state, active)
+    return _unique(to_enable + to_schedule + to_stop)
+
+
+def owned_stale_units(stale, kept, prefix):
+    """The unit files of stale (consumer_preflight's stale_units) that are the
+    units of consumers that stay, or the drains' continuation unit: those the
+    role has systemd load. A unit of the prefix the list does not name is
+    someone else's (without consumer_exclusive), and its drain runs on."""
+    owned = {prefix + unit["name"] for unit in kept}
+    return [name for name in stale
+            if name == CONTINUE_UNIT or re.sub(r"(@[^.]*)?\.[a-z]+\Z", "", name) in owned]
+
+
 def with_texts(files, read):
     """The entries of files with each source replaced by its text, read(source)."""
     return [dict({k: v for k, v in entry.items() if k != "source"}, content=read(entry["source"]))
@@ -185,12 +265,13 @@ def removal(units, answers, settings, encrypted):
     }
 
 
-def plan(units, answers, settings, host="this host"):
+def plan(units, answers, settings, host="this host", sources=None):
     """What the role does on a host, from the normalised consumers and the
-    consumer_preflight module's answers.
+    consumer_preflight module's answers to questions().
 
     settings: account, prefix, exclusive (bool), metrics (bool), metrics_dir,
-    helper_dir, unit_dir, secrets_dir and hooks_state_dir.
+    helper_dir, unit_dir, secrets_dir and hooks_state_dir. sources: the
+    SHA-256 of each helper's text ({name: digest}), to compare with the host's.
     """
     kept = installed(units)
     systemd = systemd_support(answers["systemctl_version"], host)
@@ -202,37 +283,41 @@ def plan(units, answers, settings, host="this host"):
     reshaped = [unit["name"] for unit in units
                 if unit["state"] == "present" and other_shape(unit["service_unit"]) in answers["units"]]
     starts = timer_starts(units)
-    metrics = settings["metrics"]
-    metrics_folder = [{"path": settings["metrics_dir"], "state": "directory", "mode": "a+rx"}] if metrics and kept else []
+    start = [entry["start"] for entry in starts if entry["consumer"] not in reshaped]
+    stop = [timer for unit in units if unit["state"] == "paused" for timer in unit["timers"]]
     return {
         # what the plan was made from, besides the host's answers (the templates read them too)
         "settings": settings,
-        "units": units,
         "installed": kept,
         "systemd": systemd,
         "pythons": pythons["pythons"],
         "problems": problems(units, answers, systemd, pythons, settings, host),
         "account": account_plan(units, answers, settings["account"]),
         "reshaped": reshaped,
-        "start": [entry["start"] for entry in starts if entry["consumer"] not in reshaped],
+        "start": start,
         "start_after_removal": [entry["start"] for entry in starts if entry["consumer"] in reshaped],
-        "stop": [timer for unit in units if unit["state"] == "paused" for timer in unit["timers"]],
+        "stop": stop,
+        # The timers of start and stop that are not as wanted yet, and the unit
+        # files systemd has not loaded: with neither, and no unit file to
+        # write, the role leaves the timers alone.
+        "timers_to_switch": timers_to_switch(start, stop, answers["unit_states"]),
+        "stale_units": owned_stale_units(answers["stale_units"], kept, settings["prefix"]),
+        # The values never pass through the plan: the one task that writes them
+        # reads them, and runs only when a consumer has some.
+        "writes_secrets": any(unit["secret_file"] or any(unit["credentials"].values()) for unit in kept),
         # A drain runs on with the secrets it started with: one whose secrets
         # change ends after its batch in flight, and the next run reads them.
         "drains_by_secret": [{"path": path, "services": unit["services"]}
                              for unit in kept for path in unit["secret_paths"]],
-        # node_exporter's textfile folder (never taking a right away from a
-        # folder other exporters may share), then each consumer's files; with
-        # metrics off, their removal (consumer_metrics says what and why).
-        "files": (helper_files(units, metrics, settings["helper_dir"]) + metrics_folder
-                  + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics)),
+        # what the consumers need laid out (wanted_files()) and the host lacks
+        "files_to_lay_out": files_to_lay_out(wanted_files(units, settings), answers, sources or {}),
         "removal": removal(units, answers, settings, systemd["features"]["credentials_encrypted"]),
     }
 
 
 def digest(text):
     """The SHA-256 of a unit file's text, as consumer_preflight reports the host's."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256(text)
 
 
 def units_to_write(rendered, host_units):

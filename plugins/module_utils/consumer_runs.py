@@ -42,16 +42,6 @@ SIGNALS = {1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 5: "TRAP", 6: "ABRT", 7: "BU
            10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM", 24: "XCPU", 25: "XFSZ", 31: "SYS"}
 
 
-def parse_show(text):
-    """`systemctl show` of several units: {Id: {property: value}}."""
-    units = {}
-    for block in re.split(r"\n\s*\n", text.strip()):
-        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if fields.get("Id"):
-            units[fields["Id"]] = fields
-    return units
-
-
 def monotonic_twins(properties):
     """The CLOCK_MONOTONIC twin of each timestamp property, e.g. ExecMainStartTimestampMonotonic.
     (A timer's LastTriggerUSecMonotonic is printed as a time span, "12h 20min 37.386257s": not used.)"""

@@ -130,7 +130,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed
     timer_settings,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import UNIT_DIR, unit_re
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import parse_show
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
 LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
 

@@ -161,12 +161,17 @@ changed_paths:
 import grp
 import os
 import pwd
-import re
 import shutil
 import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import (
+    attributes_differ,
+    describe,
+    differs,
+    wanted_mode,
+)
 
 
 def _ids(entry):
@@ -176,32 +181,10 @@ def _ids(entry):
     return uid, gid
 
 
-_WHO = {"u": 0o700, "g": 0o070, "o": 0o007, "a": 0o777}
-_WHAT = {"r": 0o444, "w": 0o222, "x": 0o111}
-
-
-def wanted_mode(mode, current):
-    """The permissions mode asks for a file that has current: octal ("0644")
-    replaces them, "WHO+WHAT" ("a+rx") adds rights; None leaves them."""
-    if not mode:
-        return current
-    match = re.match(r"^([ugoa]+)\+([rwx]+)$", mode)
-    if match:
-        who = sum(_WHO[c] for c in set(match.group(1)))
-        what = sum(_WHAT[c] for c in set(match.group(2)))
-        return current | (who & what)
-    try:
-        return int(mode, 8)
-    except ValueError:
-        raise ValueError("mode %r is neither octal nor like a+rx" % mode) from None
-
-
 def _attributes_differ(path, entry):
     info = os.lstat(path)
-    uid, gid = _ids(entry)
-    current = stat.S_IMODE(info.st_mode)
-    return ((uid != -1 and info.st_uid != uid) or (gid != -1 and info.st_gid != gid)
-            or wanted_mode(entry.get("mode"), current) != current)
+    return attributes_differ({"uid": info.st_uid, "gid": info.st_gid, "mode": stat.S_IMODE(info.st_mode)},
+                             entry, _ids(entry))
 
 
 def _set_attributes(descriptor, entry):
@@ -251,20 +234,14 @@ def make_parents(parents):
 
 
 def needs_change(entry):
-    """Whether the entry differs from what is on the host."""
-    path, state = entry["path"], entry["state"]
-    exists = os.path.lexists(path)
-    if state == "absent":
-        return exists
-    if state == "link":
-        return not os.path.islink(path) or os.readlink(path) != entry["src"]
-    if state == "directory":
-        return not os.path.isdir(path) or os.path.islink(path) or _attributes_differ(path, entry)
-    if not exists or os.path.islink(path) or not os.path.isfile(path):
-        return True
-    if not entry["force"]:
-        return False  # someone else's from now on (the metrics writers replace it as root or as the consumer)
-    return _content(path) != entry["content"] or _attributes_differ(path, entry)
+    """Whether the entry differs from what is on the host (the planner asks
+    the same of consumer_preflight's description of the path). An owner that
+    does not exist yet (check mode on a fresh host) means it does."""
+    try:
+        ids = _ids(entry)
+    except KeyError:
+        ids = None
+    return differs(entry, describe(entry["path"]), ids)
 
 
 def apply(entry):
@@ -293,7 +270,8 @@ def apply(entry):
     else:
         if os.path.islink(path):
             os.unlink(path)
-        if not os.path.isfile(path) or (entry["force"] and _content(path) != entry["content"]):
+        # bytes, as needs_change() compared them: text would read "\r\n" as "\n"
+        if not os.path.isfile(path) or (entry["force"] and _bytes_of(path) != entry["content"].encode("utf-8")):
             handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".batchq.")
             with os.fdopen(handle, "w", encoding="utf-8") as output:
                 output.write(entry["content"])

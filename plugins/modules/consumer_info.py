@@ -259,10 +259,10 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     parse_batch_status,
     parse_journal_lines,
     parse_journal_runs,
-    parse_show,
     precise_timestamps,
     template_show,
 )
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
 # TZ: systemd before 248 prints show's timestamps in the local zone whatever --timestamp says.
 LANG_C = {"LANG": "C", "LC_ALL": "C", "TZ": "UTC"}

@@ -55,9 +55,25 @@ options:
   unit_patterns:
     description:
       - Shell patterns of unit file names in O(unit_dir) whose content RV(units) gives as a digest, so
-        that the controller sends, verifies and writes only the units that differ.
+        that the controller sends, verifies and writes only the units that differ. RV(stale_units) names
+        those that systemd has not loaded yet.
     type: list
     elements: str
+    default: []
+  unit_states:
+    description:
+      - Units whose C(UnitFileState) and C(ActiveState) RV(unit_states) gives, such as the consumers'
+        timers and their scheduled starts, so that the controller switches only the timers that are not
+        as it wants them.
+    type: list
+    elements: str
+    default: []
+  stat:
+    description:
+      - Paths that RV(stat) describes, links not followed, so that the controller lays out only the
+        files and folders that are not as it wants them.
+    type: list
+    elements: path
     default: []
   find:
     description:
@@ -161,6 +177,29 @@ credentials_shared:
   returned: always
   type: bool
   sample: true
+stale_units:
+  description:
+    - The unit files of RV(units) that systemd has not loaded since they changed (C(NeedDaemonReload=yes);
+      for a template, of one of its loaded instances), sorted.
+  returned: always
+  type: list
+  elements: str
+  sample: [batchq-thumbs.timer]
+unit_states:
+  description:
+    - For each unit of O(unit_states), its C(UnitFileState) and C(ActiveState) as systemd reports them.
+      A unit systemd does not know is C(inactive) with an empty C(UnitFileState).
+  returned: always
+  type: dict
+  sample: {batchq-thumbs.timer: {UnitFileState: enabled, ActiveState: active}}
+stat:
+  description:
+    - For each path of O(stat), what is there, or V(null) when nothing is. A link gives its C(target);
+      a folder or a regular file its C(uid), C(gid) and C(mode) (the permission bits, as a number);
+      a regular file also the C(sha256) of its content. Anything else is of C(type) V(other).
+  returned: always
+  type: dict
+  sample: {/usr/local/lib/batchq: {type: directory, uid: 0, gid: 0, mode: 493}}
 missing_paths:
   description: The paths of O(paths) that do not exist, in their order.
   returned: always
@@ -176,9 +215,8 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-
-# systemd 247's tools colour their messages even into a pipe.
-LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import describe
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import LANG_C, stale_units, unit_states
 
 
 def parse_getent(out, database):
@@ -291,6 +329,8 @@ def main():
             "first_lines": {"type": "list", "elements": "path", "default": []},
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
             "unit_patterns": {"type": "list", "elements": "str", "default": []},
+            "unit_states": {"type": "list", "elements": "str", "default": []},
+            "stat": {"type": "list", "elements": "path", "default": []},
             "find": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "path", "required": True},
                 "patterns": {"type": "list", "elements": "str", "default": ["*"]},
@@ -311,6 +351,7 @@ def main():
     analyze = module.get_bin_path("systemd-analyze", required=bool(module.params["spans"]))
     rejected = [span for span in dict.fromkeys(module.params["spans"])
                 if module.run_command([analyze, "timespan", "--", span], environ_update=LANG_C)[0] != 0]
+    units = unit_digests(module.params["unit_dir"], module.params["unit_patterns"])
     module.exit_json(
         changed=False,
         systemctl_version=version,
@@ -320,7 +361,11 @@ def main():
         first_lines={path: first_line(path) for path in module.params["first_lines"]},
         missing_paths=[path for path in module.params["paths"] if not os.path.exists(path)],
         credentials_shared=is_shared(read_mountinfo(), "/run/credentials"),
-        units=unit_digests(module.params["unit_dir"], module.params["unit_patterns"]),
+        units=units,
+        stale_units=stale_units(module, sorted(units)),
+        unit_states={unit: {"UnitFileState": shown[0], "ActiveState": shown[1]}
+                     for unit, shown in unit_states(module, list(dict.fromkeys(module.params["unit_states"]))).items()},
+        stat={path: describe(path) for path in module.params["stat"]},
         found=found,
     )
 

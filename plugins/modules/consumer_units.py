@@ -185,7 +185,6 @@ busy:
 """
 
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -193,10 +192,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import parse_show
-
-# systemd 247's systemd-analyze colours its messages even into a pipe.
-LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import (
+    LANG_C,
+    parse_show,
+    stale_units,
+    starter_units,
+    timer_changes,
+    unit_states,
+)
 
 
 def read(path):
@@ -256,22 +259,6 @@ def install(module, units, unit_dir, unchanged=()):
     return written, stale, diffs
 
 
-def stale_units(module, names):
-    """The units among names (templates: their loaded instances) whose file
-    systemd has not loaded yet (NeedDaemonReload=yes), by their unit file name."""
-    if not names:
-        return []
-    patterns = {name.replace("@.", "@*."): name for name in names}
-    rc, out, err = module.run_command(
-        [module.get_bin_path("systemctl", required=True), "show", "--property=Id,NeedDaemonReload", "--"]
-        + sorted(patterns), environ_update=LANG_C, check_rc=True)
-    stale = set()
-    for unit, fields in parse_show(out).items():
-        if fields.get("NeedDaemonReload") == "yes":
-            stale.add(patterns.get(unit) or patterns.get(re.sub(r"@[^.]*\.", "@*.", unit), unit))
-    return sorted(stale)
-
-
 def finish_drains(module, patterns):
     """Ask the running drains among the services matching patterns to end after
     their batch in flight; returns the services asked.
@@ -319,17 +306,6 @@ def drain_ready(pid, patience=5.0):
         time.sleep(0.05)
 
 
-def unit_states(module, units):
-    """{unit: (UnitFileState, ActiveState)} in one systemctl call."""
-    if not units:
-        return {}
-    rc, out, err = module.run_command(
-        [module.get_bin_path("systemctl", required=True), "show", "--property=Id,UnitFileState,ActiveState", "--"]
-        + units, environ_update=LANG_C, check_rc=True)
-    return {unit: (fields.get("UnitFileState", ""), fields.get("ActiveState", ""))
-            for unit, fields in parse_show(out).items()}
-
-
 def schedule_start(module, timer, delay, accuracy, jitter):
     """Start timer after delay by a transient timer that outlives this module run."""
     systemctl = module.get_bin_path("systemctl", required=True)
@@ -370,19 +346,17 @@ def stop_starters(module, starters):
 def switch_timers(module, start, stop):
     systemctl = module.get_bin_path("systemctl", required=True)
     timers = [entry["timer"] for entry in start] + stop
-    # a starter is a timer and the service that it runs (systemctl start TIMER)
-    starters = {timer: [starter_unit(timer), starter_unit(timer)[:-len(".timer")] + ".service"] for timer in timers}
+    starters = {timer: starter_units(timer) for timer in timers}
     states = unit_states(module, timers + [unit for pair in starters.values() for unit in pair])
+
+    def file_state(unit):
+        return states.get(unit, ("", ""))[0]
 
     def active(unit):
         return states.get(unit, ("", ""))[1] in ("active", "activating")
 
-    def scheduled(timer):
-        return any(active(unit) for unit in starters[timer])
-
-    to_enable = [e["timer"] for e in start if states.get(e["timer"], ("", ""))[0] != "enabled"]
-    to_schedule = [e for e in start if not active(e["timer"]) and not scheduled(e["timer"])]
-    to_stop = [t for t in stop if states.get(t, ("", ""))[0] == "enabled" or active(t) or scheduled(t)]
+    to_enable, scheduling, to_stop = timer_changes([entry["timer"] for entry in start], stop, file_state, active)
+    to_schedule = [entry for entry in start if entry["timer"] in scheduling]
     if not module.check_mode:
         # Enabling reloads systemd; schedule the starts after it.
         if to_enable:

@@ -232,3 +232,22 @@ def test_pause_files_go_to_each_consumers_own_metrics_folder_and_none_without_on
     paused = metrics_files(found, None, "batchq-", paused=True, only_paused=True)
     assert [entry["path"] for entry in paused] == ["/srv/a/batchq-mail.paused.prom", "/srv/b/batchq-thumbs.paused.prom"]
     assert all(entry["content"].endswith("} 1\n") for entry in paused)
+
+
+def test_a_file_of_an_account_not_made_yet_needs_a_change_and_no_lookup_fails(tmp_path):
+    # check mode on a fresh host: the role's account is made only when the play applies
+    entry = {"path": str(tmp_path / "metrics.d"), "state": "directory", "owner": "no-such-user-here", "group": None,
+             "mode": "0755"}
+    assert consumer_files.needs_change(entry) is True
+    (tmp_path / "metrics.d").mkdir()
+    assert consumer_files.needs_change(entry) is True
+
+
+def test_a_file_edited_to_other_line_ends_is_written_again(tmp_path):
+    entry = {"path": str(tmp_path / "helper"), "state": "file", "content": "#!/bin/sh\ntrue\n", "force": True,
+             "src": None, "owner": None, "group": None, "mode": "0755"}
+    run([entry])
+    (tmp_path / "helper").write_bytes(b"#!/bin/sh\r\ntrue\r\n")
+    assert run([entry]) == [entry["path"]]
+    assert (tmp_path / "helper").read_bytes() == b"#!/bin/sh\ntrue\n"
+    assert run([entry]) == []

@@ -5,22 +5,28 @@ answers recorded on fresh Debian 11, 12, 13 and testing hosts
 changed where a test needs another host."""
 
 import copy
+import grp
 import json
+import os
 import pathlib
+import pwd
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import describe
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import (
     digest,
+    files_to_lay_out,
     plan,
     questions,
     units_to_write,
+    wanted_files,
     with_texts,
 )
 from ansible_collections.batchq.consumers.plugins.filter.consumers import consumer_plan as consumer_plan_filter
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import normalize_consumers
-from ansible_collections.batchq.consumers.plugins.modules import consumer_preflight
+from ansible_collections.batchq.consumers.plugins.modules import consumer_files, consumer_preflight
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 SUITES = ("bullseye", "bookworm", "trixie", "forky")
@@ -49,6 +55,11 @@ def planned(*consumers, suite="bookworm", settings=None, host="h1", **host_chang
     return plan(units(*consumers), answers(suite, **host_changes), dict(SETTINGS, **(settings or {})), host)
 
 
+def wanted(*consumers, settings=None):
+    """The files and folders the consumers need laid out, whatever the host has."""
+    return wanted_files(units(*consumers), dict(SETTINGS, **(settings or {})))
+
+
 # What the recordings are: fresh hosts, without the role's account.
 @pytest.mark.parametrize("suite", SUITES)
 def test_the_recorded_hosts_are_fresh_and_found_the_wrong_answers(suite):
@@ -58,6 +69,12 @@ def test_the_recorded_hosts_are_fresh_and_found_the_wrong_answers(suite):
     assert found["missing_paths"] == ["/srv/missing"]
     assert found["units"] == {}
     assert found["first_lines"]["/usr/bin/pydoc3"].startswith("#!") and "python3" in found["first_lines"]["/usr/bin/pydoc3"]
+    assert found["stale_units"] == []
+    assert found["unit_states"]["systemd-tmpfiles-clean.timer"]["ActiveState"] == "active"
+    assert found["unit_states"]["batchq-thumbs.timer"] == {"UnitFileState": "", "ActiveState": "inactive"}
+    assert [found["stat"][path] and found["stat"][path]["type"] for path in (
+        "/var/lib/prometheus/node-exporter", "/usr/local/lib/batchq", "/etc/passwd", "/etc/mtab", "/dev/null")] == [
+        "directory", None, "file", "link", "other"]
 
 
 # Questions
@@ -73,6 +90,19 @@ def test_questions_name_every_span_account_path_and_preloaded_script_once():
     assert asked["paths"] == ["/usr/bin/python3", "/srv/a", "/usr/local/bin/job", "/usr/local/bin/script.py"]
     assert asked["first_lines"] == ["/usr/local/bin/script.py"]
     assert "1h" in asked["spans"] and len(asked["spans"]) == len(set(asked["spans"]))
+    assert "unit_states" not in asked and "stat" not in asked  # only with the plan's settings
+
+
+def test_questions_with_the_settings_ask_for_each_timer_with_its_start_and_each_file_of_the_plan():
+    consumers = units(dict(PLAIN, instances=2), dict(PLAIN, name="held", state="paused"),
+                      dict(PLAIN, name="gone", state="absent"))
+    asked = questions(consumers, "batchq", SETTINGS)
+    assert asked["unit_states"] == [
+        "batchq-thumbs@1.timer", "batchq-thumbs.1.start.timer", "batchq-thumbs.1.start.service",
+        "batchq-thumbs@2.timer", "batchq-thumbs.2.start.timer", "batchq-thumbs.2.start.service",
+        "batchq-held.timer", "batchq-held.start.timer", "batchq-held.start.service"]
+    assert asked["stat"] == [entry["path"] for entry in wanted_files(consumers, SETTINGS)]
+    assert "/var/lib/prometheus/node-exporter/batchq-held.paused.prom" in asked["stat"]
 
 
 # Problems: each names the consumer and the field, or the setting
@@ -223,6 +253,56 @@ def test_a_consumer_of_the_same_shape_starts_at_once():
     assert decided["reshaped"] == [] and [e["timer"] for e in decided["start"]] == ["batchq-thumbs.timer"]
 
 
+# Timers already as wanted are left alone: a deploy that changes nothing skips consumer_units
+def states(timer="batchq-thumbs.timer", file_state="enabled", active="active", starter="inactive"):
+    """consumer_preflight's unit_states of a timer and its scheduled start."""
+    stem = timer[:-len(".timer")]
+    return {"unit_states": {timer: {"UnitFileState": file_state, "ActiveState": active},
+                            stem + ".start.timer": {"UnitFileState": "", "ActiveState": starter},
+                            stem + ".start.service": {"UnitFileState": "", "ActiveState": "inactive"}}}
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_on_a_fresh_host_every_timer_of_a_present_consumer_is_switched_and_none_of_a_paused_one(suite):
+    decided = planned(dict(PLAIN, instances=2), dict(PLAIN, name="held", state="paused"), suite=suite)
+    assert decided["timers_to_switch"] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer"]
+
+
+@pytest.mark.parametrize("state, host, switched", [
+    ("present", states(), False),
+    ("present", states(active="inactive", starter="active"), False),  # its start is scheduled
+    ("present", states(active="inactive"), True),  # stopped by hand
+    ("present", states(file_state="disabled"), True),  # not started at boot
+    ("paused", states(file_state="disabled", active="inactive"), False),
+    ("paused", states(), True),
+    ("paused", states(file_state="disabled", active="inactive", starter="active"), True),  # it would start
+    ("paused", states(active="inactive"), True),  # it would start at boot
+])
+def test_a_timer_is_switched_only_when_its_states_differ_from_the_consumers_state(state, host, switched):
+    decided = planned(dict(PLAIN, state=state), **host)
+    assert decided["timers_to_switch"] == (["batchq-thumbs.timer"] if switched else [])
+
+
+def test_the_unit_files_systemd_has_not_loaded_are_in_the_plan_if_they_are_the_consumers_own():
+    # gone is removed; other is not listed, and stays someone else's without consumer_exclusive
+    stale = ["batchq-gone.timer", "batchq-other.service", "batchq-thumbs@.timer", "batchq.continue@.service"]
+    host = dict(on_host(["batchq-gone.service", "batchq-gone.timer", "batchq-other.service", "batchq-other.timer"]),
+                stale_units=stale)
+    decided = planned(dict(PLAIN, instances=2), dict(PLAIN, name="gone", state="absent"), **host)
+    assert decided["stale_units"] == ["batchq-thumbs@.timer", "batchq.continue@.service"]
+
+
+@pytest.mark.parametrize("consumer, writes", [
+    (PLAIN, False),
+    (dict(PLAIN, secret_environment={"TOKEN": "x"}), True),
+    (dict(PLAIN, credentials={"token": "x"}), True),
+    (dict(PLAIN, hook_credentials={"token": "x"}, on_failure="/usr/bin/logger failed"), True),
+    (dict(PLAIN, secret_environment={"TOKEN": "x"}, state="absent"), False),
+])
+def test_the_secrets_task_runs_only_for_consumers_that_stay_with_secrets(consumer, writes):
+    assert planned(consumer)["writes_secrets"] is writes
+
+
 # Drains whose secrets change end after their batch in flight
 def test_each_secret_file_names_the_services_that_read_it():
     keeper = dict(PLAIN, instances=2, secret_environment={"TOKEN": "x"}, backlog_exit_code=75)
@@ -233,7 +313,7 @@ def test_each_secret_file_names_the_services_that_read_it():
 
 # Files: the helpers, the metrics folder and each consumer's metrics files
 def test_a_plain_consumer_with_metrics_gets_the_after_run_helpers_and_its_metrics_files():
-    files = planned(PLAIN)["files"]
+    files = wanted(PLAIN)
     paths = [entry["path"] for entry in files]
     assert paths[:3] == ["/usr/local/lib/batchq", "/usr/local/lib/batchq/batchq_metrics.py",
                          "/usr/local/lib/batchq/batchq_after_run.py"]
@@ -243,24 +323,77 @@ def test_a_plain_consumer_with_metrics_gets_the_after_run_helpers_and_its_metric
 
 
 def test_a_drain_gets_the_runner_too():
-    sources = [e.get("source") for e in planned(dict(PLAIN, backlog_exit_code=75))["files"]]
+    sources = [e.get("source") for e in wanted(dict(PLAIN, backlog_exit_code=75))]
     assert sources[:4] == [None, "batchq-drain", "batchq_metrics.py", "batchq_after_run.py"]
 
 
 def test_without_metrics_or_hooks_no_helper_is_laid_out_and_metrics_files_go():
-    files = planned(PLAIN, settings={"metrics": False})["files"]
+    files = wanted(PLAIN, settings={"metrics": False})
     assert not [e for e in files if "source" in e or e["path"] == "/usr/local/lib/batchq"]
     assert {e["state"] for e in files} == {"absent"}
 
 
 def test_a_hook_needs_the_after_run_helpers_without_metrics():
     hooked = dict(PLAIN, on_failure="/usr/bin/logger failed")
-    sources = [e.get("source") for e in planned(hooked, settings={"metrics": False})["files"] if e.get("source")]
+    sources = [e.get("source") for e in wanted(hooked, settings={"metrics": False}) if e.get("source")]
     assert sources == ["batchq_metrics.py", "batchq_after_run.py"]
 
 
 def test_no_consumer_left_lays_out_nothing():
-    assert planned(dict(PLAIN, state="absent"))["files"] == []
+    assert wanted(dict(PLAIN, state="absent")) == []
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_a_host_with_node_exporter_keeps_its_folder_and_gets_the_rest(suite):
+    assert [e["path"] for e in planned(PLAIN, suite=suite)["files_to_lay_out"]] == [
+        e["path"] for e in wanted(PLAIN) if e["path"] != "/var/lib/prometheus/node-exporter"]
+
+
+def test_a_bare_host_without_node_exporter_gets_the_folder_too():
+    bare = answers()
+    bare["stat"]["/var/lib/prometheus/node-exporter"] = None
+    assert plan(units(PLAIN), bare, SETTINGS, "h1")["files_to_lay_out"] == wanted(PLAIN)
+
+
+def test_a_folder_missing_a_right_the_plan_adds_is_laid_out():
+    narrow = answers()
+    narrow["stat"]["/var/lib/prometheus/node-exporter"]["mode"] = 0o750
+    paths = [e["path"] for e in plan(units(PLAIN), narrow, SETTINGS, "h1")["files_to_lay_out"]]
+    assert "/var/lib/prometheus/node-exporter" in paths
+
+
+def lay_out(files):
+    """The entries laid out on this machine as consumer_files does, with its defaults."""
+    defaults = {"state": "file", "content": "", "force": True, "src": None, "owner": None, "group": None, "mode": None}
+    for entry in files:
+        entry = dict(defaults, **entry)
+        if consumer_files.needs_change(entry):
+            consumer_files.apply(entry)
+
+
+def test_files_as_consumer_files_lays_them_out_are_as_the_plan_wants_until_one_changes(tmp_path):
+    # this machine's own account, so that the test needs no root
+    me, mine = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    mine_too = {"user": me, "group": mine, "allow_root": True}  # root, when the tests run as root
+    consumers = units(dict(PLAIN, **mine_too), dict(PLAIN, name="held", state="paused", **mine_too))
+    settings = dict(SETTINGS, metrics_dir=str(tmp_path / "textfiles"), helper_dir=str(tmp_path / "helpers"))
+    host = answers(users={me: {"uid": os.getuid(), "gid": os.getgid(), "home": "/", "shell": "/bin/sh"}},
+                   groups={mine: os.getgid()})
+    helpers = {"batchq_metrics.py": "# metrics\n", "batchq_after_run.py": "# after the run\n"}
+    lay_out([dict(entry, owner=None, group=None) if entry.get("owner") == "root" else entry
+             for entry in with_texts(wanted_files(consumers, settings), helpers.get)])
+    host["stat"] = {path: describe(path) for path in questions(consumers, "batchq", settings)["stat"]}
+    sources = {name: digest(text) for name, text in helpers.items()}
+    unowned = [dict(entry, owner=None, group=None) if entry.get("owner") == "root" else entry
+               for entry in wanted_files(consumers, settings)]
+    assert files_to_lay_out(unowned, host, sources) == []
+    os.chmod(tmp_path / "textfiles" / "batchq-held.paused.prom", 0o600)
+    os.unlink(tmp_path / "textfiles" / "batchq-thumbs.prom")
+    (tmp_path / "helpers" / "batchq_metrics.py").write_text("# changed by hand\n")
+    host["stat"] = {path: describe(path) for path in questions(consumers, "batchq", settings)["stat"]}
+    assert [e["path"] for e in files_to_lay_out(unowned, host, sources)] == [
+        str(tmp_path / "helpers" / "batchq_metrics.py"), str(tmp_path / "textfiles" / "batchq-thumbs.prom"),
+        str(tmp_path / "textfiles" / "batchq-held.paused.prom")]
 
 
 def test_each_helper_gets_the_text_of_its_source():
@@ -373,8 +506,27 @@ def test_the_filter_takes_the_roles_folders_when_a_caller_gives_none_and_switche
     assert decided["removal"]["removed"] == ["thumbs"]
 
 
-def test_the_filter_refuses_answers_that_list_no_folder():
+@pytest.mark.parametrize("key", ["found", "unit_states", "stat", "stale_units"])
+def test_the_filter_refuses_answers_to_other_questions_naming_what_they_lack(key):
     without = answers()
-    del without["found"]
-    with pytest.raises(AnsibleFilterError, match="find option"):
+    del without[key]
+    with pytest.raises(AnsibleFilterError, match="the answers have no %s: " % key):
         consumer_plan_filter(units(PLAIN), without, SETTINGS, "h1")
+
+
+def test_the_filter_compares_the_helpers_with_the_roles_own_texts(tmp_path):
+    host = answers()
+    texts = {}
+    for name in ("batchq-drain", "batchq_metrics.py", "batchq_after_run.py"):
+        texts[name] = "# the role's %s\n" % name
+        (tmp_path / name).write_text(texts[name])
+        host["stat"]["/usr/local/lib/batchq/" + name] = {"type": "file", "uid": 0, "gid": 0, "mode": 0o755,
+                                                         "sha256": digest(texts[name])}
+    host["stat"]["/usr/local/lib/batchq/batchq-drain"]["sha256"] = digest("# an older runner\n")
+    host["stat"]["/usr/local/lib/batchq"] = {"type": "directory", "uid": 0, "gid": 0, "mode": 0o755}
+    drain = units(dict(PLAIN, backlog_exit_code=75))
+    decided = consumer_plan_filter(drain, host, SETTINGS, "h1", str(tmp_path))
+    assert [e.get("source") for e in decided["files_to_lay_out"] if "batchq/" in e["path"]] == ["batchq-drain"]
+    # without the role's files, every helper counts as different
+    decided = consumer_plan_filter(drain, host, SETTINGS, "h1")
+    assert len([e for e in decided["files_to_lay_out"] if e.get("source")]) == 3

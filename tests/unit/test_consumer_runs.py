@@ -18,12 +18,12 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     monotonic_twins,
     parse_journal_lines,
     parse_journal_runs,
-    parse_show,
     parse_timestamp,
     precise_timestamps,
     summarize,
     template_show,
 )
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 # distro: (last invocation of ok, of killed, of hung)

@@ -86,6 +86,10 @@ def test_role_takes_the_shared_names_from_consumer_names():
     from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names as names
 
     role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    # the planner's settings, from these names and the role's defaults
+    settings = role_vars.pop("_consumer_settings")
+    assert sorted(settings) == ["account", "exclusive", "helper_dir", "hooks_state_dir", "metrics", "metrics_dir",
+                                "prefix", "secrets_dir", "unit_dir"]
     resolved = {}
     for variable, expression in role_vars.items():
         match = re.fullmatch(r"\{\{ '(\w+)' \| batchq\.consumers\.consumer_names \}\}", expression)

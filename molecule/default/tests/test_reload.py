@@ -1,7 +1,11 @@
 """A deploy whose daemon-reload failed (or whose connection dropped after the
 unit files were moved into place) is finished by the next deploy: the role
 asks systemd whether it runs the files on disk (NeedDaemonReload=), not only
-whether the files changed."""
+whether the files changed. So is what someone changed by hand: a timer
+stopped and disabled, a metrics file deleted, a helper edited."""
+
+import hashlib
+import pathlib
 
 from testlib import assert_deployed, consumers, deploy, show
 
@@ -21,6 +25,10 @@ BROKEN_RELOAD = """cat >%s <<'EOF'
 exec /usr/bin/systemctl "$@"
 EOF
 chmod 755 %s""" % (WRAPPER, WRAPPER)
+HELPER = "batchq_metrics.py"
+HELPER_TEXT = (pathlib.Path(__file__).parents[3] / "roles" / "consumer" / "files" / HELPER).read_bytes()
+PAUSED_FILE = "/var/lib/prometheus/node-exporter/batchq-verbatim.paused.prom"
+
 # serial runs every second: its service stays loaded, so only a reload can
 # make systemd read the new file (a unit that is not loaded is read afresh).
 TAGGED = {"serial": {"command": "/usr/local/bin/batchq-probe run --sleep 3 --tag reloaded"}}
@@ -54,4 +62,16 @@ def test_a_failed_daemon_reload_is_done_by_the_next_deploy(hosts):
     for host in hosts:
         state = show(host, "batchq-serial.service", "NeedDaemonReload", "ExecStart")
         assert state["NeedDaemonReload"] == "no" and "--tag reloaded" in state["ExecStart"], state
-    assert_deployed(deploy())  # back to the scenario's own definitions
+    # Changes by hand that no unit file shows; the deploy back to the
+    # scenario's own definitions must put them right too.
+    for host in hosts:
+        host.check_output("systemctl disable --now batchq-verbatim.timer && rm %s && echo '# edited' >> %s",
+                          PAUSED_FILE, "/usr/local/lib/batchq/" + HELPER)
+    assert_deployed(deploy())
+    for host in hosts:
+        name = host.backend.get_hostname()
+        timer = show(host, "batchq-verbatim.timer", "UnitFileState", "ActiveState")
+        starter = show(host, "batchq-verbatim.start.timer", "ActiveState")["ActiveState"]
+        assert timer["UnitFileState"] == "enabled" and "active" in (timer["ActiveState"], starter), (name, timer, starter)
+        assert host.file(PAUSED_FILE).exists, name
+        assert host.file("/usr/local/lib/batchq/" + HELPER).sha256sum == hashlib.sha256(HELPER_TEXT).hexdigest(), name
