@@ -123,7 +123,7 @@ unit: collection
 # The PostgreSQL example's programs against a real server (Debian 12's, in a
 # container of the fleet's image; clients with psycopg2 and psycopg 3), no systemd.
 pgqueue: $(VENV)/.installed images
-	pytest tests/pgqueue
+	pytest --durations=15 tests/pgqueue
 
 # The queue library, the SQS and spool examples (examples/queue_library, examples/sqs_queue,
 # examples/spool_queue) against an in-memory queue, a strict fake of SQS, a moto server on
@@ -137,7 +137,7 @@ queues: $(QUEUES_VENV)/.installed $(DEBIAN11_VENV)/.installed
 	  examples/postgresql_queue/batchq-pgqueue examples/postgresql_queue/batchq-pgqueue-enqueue
 	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
 	  DEBIAN11_PYTHON=$(abspath $(DEBIAN11_VENV))/bin/python \
-	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider tests/queues
+	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider --durations=15 tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
 rules:

@@ -20,25 +20,46 @@ oldest=2.16 newest=2.21
 # The lanes are balanced by the minutes each part took (CONTRIBUTING.md).
 # Never two of the heaviest (default, faults, drain) side by side: together they
 # overload the two cores, and the timing tests of faults and drain fail.
+# A lane installs the releases of 2.20 and later itself (in the controller
+# image, a minute at most), so that its first scenario need not wait for the
+# other lane's. "after PART" waits until that part of the other lane is done.
 first=(
+  "$newest collection"
   "$newest molecule SCENARIOS=default"
   "$newest molecule SCENARIOS=faults"
   "$newest molecule SCENARIOS=drain"
-)
-second=(
-  "$oldest unit sanity"
-  "$newest unit sanity"
-  "$oldest pgqueue"
-  "$oldest queues"
   "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
-  "$newest molecule SCENARIOS=info"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
   "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
+)
+second=(
+  "2.20 collection"
+  "2.22 collection"
+  "$oldest unit sanity"
+  "$oldest pgqueue"
+  "$oldest queues"
+  "after $newest collection"
+  "$newest unit sanity"
+  "$newest molecule SCENARIOS=info"
   "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "$newest molecule SCENARIOS=fleet"
 )
-only() { printf '%s\n' "$@" | grep -E -- "${MATRIX_ONLY:-.}" || true; }
+setup() { grep -E "$@" -e ' collection$' -e '^after '; }
+# MATRIX_ONLY keeps the parts it matches, and the set-ups of their releases
+used=$(printf '%s\n' "${first[@]}" "${second[@]}" | setup -v | { grep -E -- "${MATRIX_ONLY:-.}" || true; } | cut -d' ' -f1 | sort -u)
+only() {
+  local part release
+  for part in "$@"; do
+    if printf '%s\n' "$part" | setup -q; then
+      release=${part#after }
+      grep -qxF "${release% collection}" <<<"$used" || continue
+    else
+      grep -qE -- "${MATRIX_ONLY:-.}" <<<"$part" || continue
+    fi
+    printf '%s\n' "$part"
+  done
+}
 mapfile -t first < <(only "${first[@]}")
 mapfile -t second < <(only "${second[@]}")
 jobs=2
@@ -68,8 +89,17 @@ pool() {  # PART...: runs them, two at once, each with the make options in $opti
   wait
 }
 
-lane() {  # PART...: runs them one after another, with the make options in $options
-  for part in "$@"; do run "$part" "${options[@]}"; done
+lane() {  # PART...: runs them one after another, with the make options in $options (not a set-up)
+  local part
+  for part in "$@"; do
+    case $part in
+      after\ *)  # another lane's part: wait for its verdict
+        part=${part#after }
+        until [ -e "$logs/${part// /-}.result" ]; do sleep 5; done ;;
+      *\ collection) run "$part" ;;
+      *) run "$part" "${options[@]}" ;;
+    esac
+  done
 }
 
 failed() { grep -l FAILED "$logs"/*.result 2>/dev/null; }
@@ -78,23 +108,22 @@ start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
 # Releases before 2.20 install on this machine, and so does lint: all of that
 # runs while the images build (minutes on a fresh machine). 2.20 and later
-# install in the controller image; the alert rules' check waits too, because
-# it may run apt-get, as the engine's install does (one apt at a time).
-mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
-local_setups=() image_setups=()
+# install in the controller image, each at the head of a lane. The alert
+# rules' check runs then too, because it may run apt-get, as the engine's
+# install does (one apt at a time).
+mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | grep -v -e '^after ' -e ' collection$' |
+  cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
+local_setups=()
 for setup in "${setups[@]}"; do
   minor=$(echo "$setup" | cut -d' ' -f1 | cut -d. -f2)
-  if [ "$minor" -lt 20 ]; then local_setups+=("$setup"); else image_setups+=("$setup"); fi
+  if [ "$minor" -lt 20 ]; then local_setups+=("$setup"); fi
 done
 options=()
 pool "make images controller-image" ${MATRIX_LINT:+"make lint"} "${local_setups[@]}"
-if ! failed >/dev/null; then
-  pool ${MATRIX_LINT:+"make rules"} "${image_setups[@]}"
-fi
 options=(-o collection)
 if ! failed >/dev/null; then
   lane "${first[@]}" &
-  lane "${second[@]}" &
+  lane ${MATRIX_LINT:+"make rules"} "${second[@]}" &
   wait
 fi
 

@@ -108,14 +108,13 @@ def test_absent_removes_a_consumer_with_instances(hosts):
 
 
 def test_exclusive_removes_unlisted_consumers_only(hosts):
+    """That a consumer not listed stays without consumer_exclusive is the
+    planner's decision (tests/unit/test_consumer_plan.py)."""
     stray = {"name": "stray", "command": "/usr/local/bin/batchq-probe run", "start_delay": "1s"}
     listed = consumers(long={"state": "absent"})
     assert_deployed(deploy(listed + [stray]))
     for host in hosts:
         assert host.file(UNIT_DIR + "/batchq-stray.timer").exists
-    assert_deployed(deploy(listed, consumer_exclusive=False))
-    for host in hosts:
-        assert host.file(UNIT_DIR + "/batchq-stray.timer").exists, "removed without consumer_exclusive"
     assert_deployed(deploy(listed, consumer_exclusive=True))
     for host in hosts:
         assert host.run("find /etc/systemd -name 'batchq-stray*'").stdout == ""
