@@ -30,7 +30,6 @@ first=(
   "$newest molecule SCENARIOS=drain"
   "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
-  "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
 )
 second=(
   "2.20 collection"
@@ -41,6 +40,7 @@ second=(
   "after $newest collection"
   "$newest unit sanity"
   "$newest molecule SCENARIOS=info"
+  "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
   "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "$newest molecule SCENARIOS=fleet"
