@@ -23,7 +23,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import preload_pythons
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import starter_units, timer_changes
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import ON, starter_units, timer_changes
 
 __metaclass__ = type
 
@@ -215,7 +215,7 @@ def timers_to_switch(start, stop, states):
         return (states.get(unit) or {}).get("UnitFileState", "")
 
     def active(unit):
-        return (states.get(unit) or {}).get("ActiveState", "") in ("active", "activating")
+        return (states.get(unit) or {}).get("ActiveState", "") in ON
 
     to_enable, to_schedule, to_stop = timer_changes([entry["timer"] for entry in start], stop, file_state, active)
     return _unique(to_enable + to_schedule + to_stop)

@@ -15,6 +15,8 @@ __metaclass__ = type
 
 # systemd 247's tools colour their messages even into a pipe.
 LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
+# The ActiveState of a unit that is on: a timer that waits, a run that starts.
+ON = ("active", "activating")
 
 
 def parse_show(text):

@@ -210,12 +210,11 @@ missing_paths:
 
 import errno
 import fnmatch
-import hashlib
 import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import describe
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import describe, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import LANG_C, stale_units, unit_states
 
 
@@ -250,7 +249,7 @@ def unit_digests(folder, patterns):
         path = os.path.join(folder, name)
         if any(fnmatch.fnmatch(name, p) for p in patterns) and os.path.isfile(path) and not os.path.islink(path):
             with open(path, "rb") as handle:
-                digests[name] = hashlib.sha256(handle.read()).hexdigest()
+                digests[name] = sha256(handle.read())
     return digests
 
 

@@ -194,6 +194,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import (
     LANG_C,
+    ON,
     parse_show,
     stale_units,
     starter_units,
@@ -338,7 +339,7 @@ def stop_starters(module, starters):
                                       environ_update=LANG_C)
     if rc != 0:
         # (UnitFileState, ActiveState) of each
-        left = [unit for unit, shown in unit_states(module, starters).items() if shown[1] in ("active", "activating")]
+        left = [unit for unit, shown in unit_states(module, starters).items() if shown[1] in ON]
         if left:
             module.fail_json(msg="Failed to stop %s: %s" % (" ".join(left), err.strip()), rc=rc, stderr=err)
 
@@ -353,7 +354,7 @@ def switch_timers(module, start, stop):
         return states.get(unit, ("", ""))[0]
 
     def active(unit):
-        return states.get(unit, ("", ""))[1] in ("active", "activating")
+        return states.get(unit, ("", ""))[1] in ON
 
     to_enable, scheduling, to_stop = timer_changes([entry["timer"] for entry in start], stop, file_state, active)
     to_schedule = [entry for entry in start if entry["timer"] in scheduling]
