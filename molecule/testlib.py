@@ -12,6 +12,7 @@ import re
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 import testinfra
@@ -78,6 +79,33 @@ def wait_for(condition, timeout, what, interval=0.5, explain=None):
         if time.monotonic() > deadline:
             raise AssertionError("waited %ss in vain for %s%s" % (timeout, what, explain() if explain else ""))
         time.sleep(interval)
+
+
+def side_by_side(check, cases, label=None):
+    """Run check(case) for every case at once, a thread each, and return the
+    results in order. Cases on separate hosts, or separate consumers of one
+    host, wait on their own timers: run one after another, their waits add up.
+    Fails with the failure of every case, each under its label (a host's name,
+    or str(case))."""
+    label = label or (lambda case: case.backend.get_hostname() if hasattr(case, "backend") else str(case))
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = [pool.submit(check, case) for case in cases]
+    failures = ["%s: %s: %s" % (label(case), type(future.exception()).__name__, future.exception())
+                for case, future in zip(cases, futures) if future.exception() is not None]
+    assert not failures, "\n\n".join(failures)
+    return [future.result() for future in futures]
+
+
+def on_every_host_at_once(check):
+    """Decorator: a test of one host, check(host), run on every host side by
+    side as one test (hosts). For a test that mostly waits on the host's own
+    timers, so that the waits of the hosts overlap."""
+    def test(hosts):
+        side_by_side(check, hosts)
+    # not functools.wraps: pytest would read check's signature (host) through __wrapped__
+    test.__name__, test.__qualname__, test.__doc__ = check.__name__, check.__qualname__, check.__doc__
+    test.__module__ = check.__module__
+    return test
 
 
 def journal(host, name, lines=80):

@@ -21,8 +21,9 @@ oldest=2.16 newest=2.21
 # Never two of the heaviest (default, faults, drain) side by side: together they
 # overload the two cores, and the timing tests of faults and drain fail.
 # A lane installs the releases of 2.20 and later itself (in the controller
-# image, a minute at most), so that its first scenario need not wait for the
-# other lane's. "after PART" waits until that part of the other lane is done.
+# image, a minute at most), before its first part under that release, so
+# that it need not wait for the other lane. "after PART" waits until that
+# part of the other lane is done.
 first=(
   "$newest collection"
   "$newest molecule SCENARIOS=default"
@@ -30,9 +31,11 @@ first=(
   "$newest molecule SCENARIOS=drain"
   "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
+  "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
+  "2.20 collection"
+  "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
 )
 second=(
-  "2.20 collection"
   "2.22 collection"
   "$oldest unit sanity"
   "$oldest pgqueue"
@@ -40,8 +43,6 @@ second=(
   "after $newest collection"
   "$newest unit sanity"
   "$newest molecule SCENARIOS=info"
-  "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
-  "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "$newest molecule SCENARIOS=fleet"
 )
@@ -108,7 +109,7 @@ start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
 # Releases before 2.20 install on this machine, and so does lint: all of that
 # runs while the images build (minutes on a fresh machine). 2.20 and later
-# install in the controller image, each at the head of a lane. The alert
+# install in the controller image, in a lane. The alert
 # rules' check runs then too, because it may run apt-get, as the engine's
 # install does (one apt at a time).
 mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | grep -v -e '^after ' -e ' collection$' |

@@ -5,7 +5,7 @@ stdout systemd connects). Counted line by line, not sampled."""
 
 import json
 
-from testlib import consumer_info, journal, show, wait_for
+from testlib import consumer_info, journal, on_every_host_at_once, show, wait_for
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): none.
 WATCHES = ()
@@ -62,6 +62,7 @@ def test_every_line_of_every_batch_of_a_drain_is_under_its_unit_and_run(host):
     assert last["log"] == ["out of batch %d" % BATCHES, "err of batch %d" % BATCHES], last["log"]
 
 
+@on_every_host_at_once
 def test_every_line_of_a_plain_consumer_that_exits_at_once_is_under_its_unit_and_run(host):
     unit = "batchq-chatty-plain.service"
     for run in range(20):

@@ -4,10 +4,8 @@ records the probe writes per batch (one record set per process)."""
 
 import json
 
-import pytest
-
-from testlib import (assert_deployed, consumer_info, consumers, deploy, journal, next_elapse, scheduled_starts,
-                     show, systemd_version, timestamp, timestamp_of, wait_for)
+from testlib import (assert_deployed, consumer_info, consumers, deploy, journal, next_elapse, on_every_host_at_once,
+                     scheduled_starts, show, side_by_side, systemd_version, timestamp, timestamp_of, wait_for)
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): their failing drains are judged here.
 WATCHES = ("fails-exit", "fails-signal", "fails-hang", "fails-stubborn")
@@ -76,9 +74,15 @@ def test_a_backlog_drains_back_to_back_then_waits_the_interval(host):
     assert next_elapse(host, "batchq-drainer.timer") - drained[-1]["end"] > 3600 - 60
 
 
-@pytest.mark.parametrize("name, result", [("fails-exit", "exit-code"), ("fails-signal", "signal"),
-                                          ("fails-hang", "timeout"), ("fails-stubborn", "timeout")])
-def test_a_failure_inside_a_drain_waits_the_interval(host, name, result):
+FAILURES = {"fails-exit": "exit-code", "fails-signal": "signal", "fails-hang": "timeout", "fails-stubborn": "timeout"}
+
+
+def test_a_failure_inside_a_drain_waits_the_interval(host):
+    """Each way to fail, in a consumer of its own; the four run side by side."""
+    side_by_side(lambda name: fail_a_drain(host, name, FAILURES[name]), sorted(FAILURES))
+
+
+def fail_a_drain(host, name, result):
     before = len(batches(host, name))
     fill(host, name, 100)
     kick(host, "batchq-%s.service" % name)
@@ -103,6 +107,7 @@ def test_a_failure_inside_a_drain_waits_the_interval(host, name, result):
              "%s to drain the rest" % name)
 
 
+@on_every_host_at_once
 def test_each_batch_has_its_own_timeout(host):
     """20 batches of 0.3 s run in one activation far longer than timeout (2s),
     also across a daemon-reload, which re-arms systemd's own start timeout."""

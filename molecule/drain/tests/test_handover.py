@@ -7,7 +7,7 @@ import time
 import pytest
 
 from test_drain import BACKLOG, MARGIN, batches, fill, idle, kick, left
-from testlib import journal, next_elapse, show, systemd_version, wait_for
+from testlib import journal, next_elapse, on_every_host_at_once, show, systemd_version, wait_for
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): none.
 WATCHES = ()
@@ -67,6 +67,7 @@ def test_a_drain_begun_before_its_timer_started_is_handed_over_at_once(host):
         host.check_output("systemctl start batchq-quick.timer")
 
 
+@on_every_host_at_once
 def test_a_stop_is_a_stop_and_a_hand_over_still_goes_on_at_once(host):
     name, unit = "stoppable", "batchq-stoppable.service"
     continuation = "batchq.continue@batchq-stoppable.service"

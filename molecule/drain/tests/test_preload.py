@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from testlib import journal, memory_kill_result, show, wait_for
+from testlib import journal, memory_kill_result, on_every_host_at_once, show, wait_for
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): none.
 WATCHES = ()
@@ -189,6 +189,7 @@ def test_a_module_unsafe_to_fork_or_missing_fails_the_run_naming_it(host, name, 
     assert "preload: importing %s %s" % (module, hazard) in said, said
 
 
+@on_every_host_at_once
 def test_a_stop_asked_during_the_preload_starts_no_batch(host):
     # as a deploy or a pause asks it (SIGUSR1: finish this batch, start no other), while the runner imports
     name, unit = "preloaded", UNIT % "preloaded"

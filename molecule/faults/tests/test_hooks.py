@@ -7,7 +7,8 @@ own records."""
 import json
 import time
 
-from testlib import consumer_series, consumer_spec, exits, finished, journal, runs, scrape, wait_for
+from testlib import (consumer_series, consumer_spec, exits, finished, journal, on_every_host_at_once, runs, scrape,
+                     wait_for)
 
 # The consumers whose timers run during these tests (conftest.py): the others wait.
 WATCHES = ("healthy", "crasher", "hang", "exit3", "flaky", "needs-env")
@@ -60,6 +61,7 @@ def test_a_crash_storm_notifies_once_per_period_with_the_failures_it_covers(host
         assert not [other for other in crashes if other != note["BATCHQ_INVOCATION_ID"] and other in note["BATCHQ_LOG"]]
 
 
+@on_every_host_at_once
 def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
     """exit3's hook sleeps for ever and is stopped after on_failure_every; hang's
     hook fails at once. Both consumers go on at their own pace, with their own
@@ -84,6 +86,7 @@ def test_a_hook_that_fails_or_hangs_changes_nothing_for_its_consumer(host):
              "three runs of hang%s" % journal(host, "hang"))
 
 
+@on_every_host_at_once
 def test_the_first_failure_after_a_success_is_told_at_once_and_the_recovery_once(host):
     wait_for(lambda: len(finished(runs(host, "flaky"))) >= 2, 60, "two runs of flaky")
     told, recovered = len(hooks(host, "flaky")), len(hooks(host, "flaky", "on-recovery"))
@@ -109,6 +112,7 @@ def test_the_first_failure_after_a_success_is_told_at_once_and_the_recovery_once
     assert (len(hooks(host, "flaky")) - told, len(hooks(host, "flaky", "on-recovery")) - recovered) == (1, 1)
 
 
+@on_every_host_at_once
 def test_a_run_whose_environment_file_is_gone_is_counted_and_told(host):
     """systemd fails such a run before any command, ExecStopPost= included
     (result "resources"): the role makes the file optional to systemd and fails

@@ -4,7 +4,7 @@ records and systemd's: a success, exit 3, a signal and a timeout."""
 
 import time
 
-from testlib import consumer_series, finished, journal, runs, scenario_vars, scrape, wait_for
+from testlib import consumer_series, finished, journal, on_every_host_at_once, runs, scenario_vars, scrape, wait_for
 
 # The consumers whose timers run during these tests (conftest.py): the others wait.
 WATCHES = ("healthy", "crasher", "hang", "exit3")
@@ -83,6 +83,7 @@ def test_a_hung_batch_counts_as_a_timeout_after_its_timeout(host):
     assert one(series, "hang", "last_run_success") == 0
 
 
+@on_every_host_at_once
 def test_node_exporter_reads_every_file_whole_while_batches_write_them(host):
     """Several consumers write their files every second: no scrape may see a
     half-written file (node_textfile_scrape_error) and the files do change."""

@@ -4,8 +4,8 @@ one stays paused. Runs last: it restarts the hosts."""
 
 import time
 
-from testlib import (activations, consumer_series, due_after_boot, figure, journal, restart, runs, scenario_vars, scrape,
-                     show, wait_for)
+from testlib import (activations, consumer_series, due_after_boot, figure, journal, on_every_host_at_once, restart,
+                     runs, scenario_vars, scrape, show, wait_for)
 
 ENABLED = ["healthy", "crasher", "hang", "leak", "exit3", "forker", "typical", "jit"]
 # The consumers whose timers run during these tests (conftest.py): the others wait.
@@ -13,6 +13,7 @@ WATCHES = tuple(ENABLED)
 MARGIN = 5.0
 
 
+@on_every_host_at_once
 def test_enabled_consumers_run_after_a_reboot_and_paused_stay_paused(host):
     name = host.backend.get_hostname()
     # stop the count first: runs_total must go on from here after the reboot

@@ -17,6 +17,7 @@ from testlib import (
     next_elapse,
     runs,
     show,
+    side_by_side,
     timestamp,
     timestamp_of,
     wait_for,
@@ -28,11 +29,13 @@ FINISHED = ["ok", "exit3", "killed", "hung", "hog"]
 
 @pytest.fixture(scope="module")
 def driven(hosts):
-    """Start RUNS runs of every finishing consumer on every host, one after another."""
-    for host in hosts:
+    """Start RUNS runs of every finishing consumer, one after another on each
+    host, the hosts side by side."""
+    def drive(host):
         for name in FINISHED:
             for dummy in range(RUNS):
                 host.run("systemctl start batchq-%s.service", name)  # waits for the oneshot to end
+    side_by_side(drive, hosts)
     return hosts
 
 
