@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from testlib import FIGURES, PREFIX, WATCHED, all_hosts, release_held, scenario_vars, span_seconds, timers_of
+from testlib import (FIGURES, PREFIX, WATCHED, all_hosts, release_held, scenario_vars, span_seconds, timers_of,
+                     wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,13 @@ def only_the_watched_consumers_run(request):
     start = [timer for c in busy if c["name"] in watched for timer in timers_of(c)]
     steps += ["systemctl %s %s" % (verb, " ".join(units)) for verb, units in (("stop", stop), ("start", start)) if units]
     # every test, not once a module: a deploy starts every enabled timer again
-    for host in request.getfixturevalue("hosts"):
-        if steps:
-            host.check_output(" && ".join(steps))
+    command = " && ".join(steps)
+    for host in request.getfixturevalue("hosts") if steps else []:
+        # A starter that elapses meanwhile starts its timer, and that start
+        # cancels the stop ("Job for batchq-parallel@2.timer canceled."). A
+        # starter elapses once: the next try stops the timer for good.
+        wait_for(lambda: host.run(command).rc == 0, 30, "the timers of the other consumers to stop",
+                 explain=lambda: ": %s" % host.run(command).stderr)
     if WATCHED["names"] != sorted(watched):
         WATCHED.update(names=sorted(watched), since=time.time())
 
