@@ -44,26 +44,6 @@ def kill_delays(host, name, history):
             if r["invocation_id"] in exited and r["invocation_id"] in began]
 
 
-def test_crash_storm_is_started_as_often_as_a_healthy_consumer(host):
-    since = watched_since()
-
-    def window():
-        # from when both run for this module: not across the pause before it
-        crashes, healthy = ([t for t in starts(host, name) if t > since] for name in ("crasher", "healthy"))
-        begin = max(crashes[0], healthy[0]) if crashes and healthy else None
-        return begin is not None and min(crashes[-1], healthy[-1]) >= begin + WINDOW and begin
-
-    begin = wait_for(window, WINDOW + 90, "%ss of runs of crasher and healthy" % WINDOW, interval=2)
-    crashes = [t for t in starts(host, "crasher") if begin <= t < begin + WINDOW]
-    healthy = [t for t in starts(host, "healthy") if begin <= t < begin + WINDOW]
-    ratio = len(crashes) / len(healthy)
-    figure("%s crash storm: %d crashing starts vs %d healthy in %ds, ratio %.2f" % (
-        host.backend.get_hostname(), len(crashes), len(healthy), WINDOW, ratio))
-    assert ratio >= 0.8, journal(host, "crasher")
-    last = consumer_info(host, "crasher")["last_run"]
-    assert (last["result"], last["exit_status"]) in (("signal", "SEGV"), ("core-dump", "SEGV")), last
-
-
 def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
     timeout, interval = seconds("hang", "timeout"), seconds("hang", "interval")
     since = watched_since()
@@ -144,3 +124,25 @@ def test_fork_bomb_is_capped_and_leaves_no_process_behind(host):
              "the children of a finished batch to be gone%s" % journal(host, "forker"))
     figure("%s fork bomb: %d of 30 children forked under tasks_max %d, %d refused, 0 left after the batch" % (
         host.backend.get_hostname(), len(run["pids"]), tasks_max, run["refused"]))
+
+
+def test_crash_storm_is_started_as_often_as_a_healthy_consumer(host):
+    # last in the module: its window of runs began with the module, and the
+    # tests above run while it fills
+    since = watched_since()
+
+    def window():
+        # from when both run for this module: not across the pause before it
+        crashes, healthy = ([t for t in starts(host, name) if t > since] for name in ("crasher", "healthy"))
+        begin = max(crashes[0], healthy[0]) if crashes and healthy else None
+        return begin is not None and min(crashes[-1], healthy[-1]) >= begin + WINDOW and begin
+
+    begin = wait_for(window, WINDOW + 90, "%ss of runs of crasher and healthy" % WINDOW, interval=2)
+    crashes = [t for t in starts(host, "crasher") if begin <= t < begin + WINDOW]
+    healthy = [t for t in starts(host, "healthy") if begin <= t < begin + WINDOW]
+    ratio = len(crashes) / len(healthy)
+    figure("%s crash storm: %d crashing starts vs %d healthy in %ds, ratio %.2f" % (
+        host.backend.get_hostname(), len(crashes), len(healthy), WINDOW, ratio))
+    assert ratio >= 0.8, journal(host, "crasher")
+    last = consumer_info(host, "crasher")["last_run"]
+    assert (last["result"], last["exit_status"]) in (("signal", "SEGV"), ("core-dump", "SEGV")), last
