@@ -4,8 +4,9 @@ records the probe writes per batch (one record set per process)."""
 
 import json
 
-from testlib import (assert_deployed, consumer_info, consumers, deploy, journal, next_elapse, on_every_host_at_once,
-                     scheduled_starts, show, side_by_side, systemd_version, timestamp, timestamp_of, wait_for)
+from testlib import (assert_deployed, consumer_info, consumer_spec, consumers, deploy, journal, next_elapse,
+                     on_every_host_at_once, scheduled_starts, show, side_by_side, span_seconds, systemd_version,
+                     timestamp, timestamp_of, wait_for)
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): their failing drains are judged here.
 WATCHES = ("fails-exit", "fails-signal", "fails-hang", "fails-stubborn")
@@ -101,8 +102,9 @@ def fail_a_drain(host, name, result):
         assert last["last_batch"]["exit_status"] == "KILL", last
     following = wait_for(lambda: [b for b in batches(host, name) if b["start"] > failed["start"]], 60,
                          "the batch after the failure")[0]
-    gap = following["start"] - ended
-    assert 8.0 - 0.1 - 0.5 <= gap <= 8.0 + MARGIN, "next batch %.2fs after the failure%s" % (gap, journal(host, name))
+    gap, interval = following["start"] - ended, span_seconds(consumer_spec(name)["interval"])
+    assert interval - 0.1 - 0.5 <= gap <= interval + MARGIN, "next batch %.2fs after the failure%s" % (
+        gap, journal(host, name))
     wait_for(lambda: left(host, name) == 0 and idle(host, "batchq-%s.service" % name), 60,
              "%s to drain the rest" % name)
 
