@@ -84,9 +84,9 @@ def wait_for(condition, timeout, what, interval=0.5, explain=None):
 def side_by_side(check, cases, label=None):
     """Run check(case) for every case at once, a thread each, and return the
     results in order. Cases on separate hosts, or separate consumers of one
-    host, wait on their own timers: run one after another, their waits add up.
+    host, wait on their own timers. One after another, their waits add up.
     Fails with the failure of every case, each under its label (a host's name,
-    or str(case))."""
+    or str(case)). A skip inside check counts as a failure."""
     label = label or (lambda case: case.backend.get_hostname() if hasattr(case, "backend") else str(case))
     with ThreadPoolExecutor(len(cases)) as pool:
         futures = [pool.submit(check, case) for case in cases]

@@ -109,8 +109,8 @@ start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
 # Releases before 2.20 install on this machine, and so does lint: all of that
 # runs while the images build (minutes on a fresh machine). 2.20 and later
-# install in the controller image, in a lane. The alert
-# rules' check runs then too, because it may run apt-get, as the engine's
+# install in the controller image, in a lane. The alert rules' check runs
+# in a lane too, after this step, because it may run apt-get, as the engine's
 # install does (one apt at a time).
 mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | grep -v -e '^after ' -e ' collection$' |
   cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
