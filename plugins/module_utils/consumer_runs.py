@@ -287,6 +287,17 @@ def parse_batch_end(text):
     }
 
 
+def parse_runner(text):
+    """The PID of a drain run's runner from its start records (journal JSON,
+    oldest first), or 0. The first is the runner's: it is written before the
+    run has a batch, so no other process of the run could have written one before it."""
+    for line in text.splitlines():
+        if line.strip():
+            pid = json.loads(line).get("_PID", "")
+            return int(pid) if str(pid).isdigit() else 0
+    return 0
+
+
 _BATCH_STATUS = re.compile(r"batch (?P<number>\d+) ended: (?P<result>[a-z-]+) (?P<status>\w+) after (?P<duration>[\d.]+)s")
 
 

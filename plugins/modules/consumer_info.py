@@ -175,6 +175,9 @@ consumers:
           description:
             - The run's last batch, from the record C(batchq-drain) writes at its end; only for
               consumers with C(backlog_exit_code).
+            - Once the next run has started, systemd no longer keeps the run's status. The batch is then
+              read from the journal alone, from the records of the run's runner. It is null when the
+              journal no longer holds them.
           type: dict
           contains:
             number:
@@ -243,7 +246,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import BATCH_END
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import BATCH_END, RUN_START
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
     BATCH_FIELDS,
     RUN_MESSAGES,
@@ -259,6 +262,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     parse_batch_status,
     parse_journal_lines,
     parse_journal_runs,
+    parse_runner,
     precise_timestamps,
     template_show,
 )
@@ -350,6 +354,12 @@ class Host:
         """The last lines of one run's own output (of one batch of a drain)."""
         return self.logs([run], lines, batch).get(run["invocation_id"], [])
 
+    def runner(self, run):
+        """The PID of a drain run's runner, from the run's start records (journald sets _PID), or 0."""
+        return parse_runner(self.run([
+            self.journalctl, "--no-pager", "--output=json", "--output-fields=_PID",
+            "MESSAGE_ID=" + RUN_START, "_SYSTEMD_INVOCATION_ID=" + run["invocation_id"]]))
+
     def last_batch(self, run, runner):
         """The last batch of a drain run, from the end record of its runner
         (process runner of that run: fields journald sets, which no other
@@ -367,11 +377,14 @@ RUNNER_IDENTIFIER = "batchq-drain"
 def last_batch(host, service, run):
     """The last batch of a drain's run and the PID of its runner: what its
     StatusText says (kept by systemd, whatever the journal dropped), with the
-    times of the runner's end record. (None, 0) when systemd no longer knows the run."""
-    if service.get("InvocationID") != run["invocation_id"] or not service.get("ExecMainPID", "0").isdigit():
-        return None, 0
-    runner = int(service["ExecMainPID"])
-    said = parse_batch_status(service.get("StatusText"))
+    times of the runner's end record. Once a newer run started, systemd keeps
+    neither the run's StatusText nor its PID: then the journal alone tells
+    both. (None, 0) when neither knows the run."""
+    if service.get("InvocationID") == run["invocation_id"] and service.get("ExecMainPID", "0").isdigit():
+        runner = int(service["ExecMainPID"])
+        said = parse_batch_status(service.get("StatusText"))
+    else:
+        runner, said = host.runner(run), None
     recorded = host.last_batch(run, runner) if runner else None
     if recorded and (said is None or recorded["number"] == said["number"]):
         return recorded, runner

@@ -18,6 +18,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     monotonic_twins,
     parse_journal_lines,
     parse_journal_runs,
+    parse_runner,
     parse_timestamp,
     precise_timestamps,
     summarize,
@@ -276,6 +277,28 @@ def test_the_last_batch_of_a_drain_from_its_status_text(text, expected):
     batch = parse_batch_status(text)
     assert (batch["number"], batch["result"], batch["exit_status"], batch["duration_s"]) == expected
     assert batch["started"] is None and batch["finished"] is None
+
+
+# record-runner.sh: the first of two runs; its runner's PID read off the
+# recorded journal by hand (batchq-drain[148] on bookworm, [190] on trixie).
+RUNNERS = {"bookworm": 148, "trixie": 190}
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_the_runner_of_an_older_run_from_its_start_record(distro):
+    assert parse_runner(fixture(distro, "runner-start.json")) == RUNNERS[distro]
+
+
+def test_a_start_record_written_after_the_runners_is_not_the_runners():
+    # A batch could send a record with the same MESSAGE_ID, but only after the
+    # runner's own: the first one names the runner.
+    recorded = fixture("trixie", "runner-start.json").strip()
+    forged = recorded.replace('"_PID":"190"', '"_PID":"4242"')
+    assert parse_runner(recorded + "\n" + forged + "\n") == 190
+
+
+def test_no_start_record_no_runner():
+    assert parse_runner("") == 0
 
 
 @pytest.mark.parametrize("text", ["", None, "processing", "batch 3 ended: success 0 after 0.1s\nbatch 4"])

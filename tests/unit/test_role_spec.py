@@ -112,3 +112,4 @@ def test_the_runner_writes_the_record_consumer_info_reads():
 
     runner = (ROLE / "files" / "batchq-drain").read_text()
     assert 'BATCH_END = "%s"' % names.BATCH_END in runner
+    assert 'RUN_START = "%s"' % names.RUN_START in runner
