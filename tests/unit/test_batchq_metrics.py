@@ -90,6 +90,18 @@ def test_update_replaces_the_file_atomically_readable_by_others(tmp_path):
     assert metrics.parse((tmp_path / "metrics.prom").read_text())[("runs_total", UNIT, "success")] == 2
 
 
+def test_a_link_the_consumer_planted_at_the_temporary_name_is_replaced_never_followed(tmp_path):
+    # The folder is the consumer's user's; the writer after a run is root.
+    folder, precious = tmp_path / "metrics", tmp_path / "precious"
+    folder.mkdir()
+    precious.write_text("keep me")
+    os.symlink(precious, folder / ".metrics.prom.tmp")
+    metrics.update(str(folder), "mail", UNIT, run("success"), 60.0, 3600.0)
+    assert precious.read_text() == "keep me"
+    assert sorted(os.listdir(folder)) == ["metrics.prom"]
+    assert metrics.parse((folder / "metrics.prom").read_text())[("runs_total", UNIT, "success")] == 1
+
+
 def test_every_counter_a_rule_may_watch_is_there_from_the_first_batch_at_0():
     series = metrics.record({}, UNIT, run("success"), 60.0, 0)
     assert {key[2]: value for key, value in series.items() if key[0] == "runs_total"} == {
