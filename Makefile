@@ -48,9 +48,12 @@ demo-down: $(VENV)/.installed
 
 # A pinned file lists every package, so --no-deps installs exactly that set
 # (and lets a pre-release core sit beside an ansible that pins an older one).
+# --no-compile: pip would compile every file of the ansible package (about
+# 30 CPU-s a venv, and `make test` installs seven); Python compiles the few
+# modules a run imports, once, on first import.
 $(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r $(REQUIREMENTS)
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-compile -r $(REQUIREMENTS)
 	touch $@
 
 $(QUEUES_VENV)/.installed: requirements/queues.txt
