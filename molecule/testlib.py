@@ -12,6 +12,7 @@ import re
 import subprocess
 import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
@@ -88,9 +89,10 @@ def side_by_side(check, cases, label=None):
     Fails with the failure of every case, each under its label (a host's name,
     or str(case)). A skip inside check counts as a failure."""
     label = label or (lambda case: case.backend.get_hostname() if hasattr(case, "backend") else str(case))
+    assert cases, "no cases to run"
     with ThreadPoolExecutor(len(cases)) as pool:
         futures = [pool.submit(check, case) for case in cases]
-    failures = ["%s: %s: %s" % (label(case), type(future.exception()).__name__, future.exception())
+    failures = ["%s: %s" % (label(case), "".join(traceback.format_exception(future.exception())[-3:]).strip())
                 for case, future in zip(cases, futures) if future.exception() is not None]
     assert not failures, "\n\n".join(failures)
     return [future.result() for future in futures]

@@ -17,7 +17,6 @@ the last ones add jobs of their own once the drain is judged.
 import json
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import testinfra
@@ -25,7 +24,7 @@ import yaml
 from testinfra.utils.ansible_runner import AnsibleRunner
 
 from testlib import (INVENTORY, SCENARIO_DIR, consumer_info, consumer_series, deploy, figure, scenario_vars,
-                     scrape, show, timestamp_of, wait_for)
+                     scrape, show, side_by_side, timestamp_of, wait_for)
 
 JOBS = 20000
 FAILING = 5  # the last jobs fail every attempt
@@ -133,8 +132,7 @@ def test_bad_input_fails_before_any_host_changes():
 
 def on_every_worker(command, *args):
     """Run command on every worker at once: a fault the tests lift must end on all of them together."""
-    with ThreadPoolExecutor(len(WORKERS)) as pool:
-        list(pool.map(lambda name: host(name).check_output(command, *args), WORKERS))
+    side_by_side(lambda name: host(name).check_output(command, *args), WORKERS)
 
 
 def enqueue_tool(name, *args):
