@@ -53,10 +53,9 @@ def only_the_watched_consumers_run(request):
         # cancels the stop ("Job for batchq-parallel@2.timer canceled."). A
         # starter elapses once: the next try stops the timer for good. Any
         # other failure fails at once.
-        for _ in range(3):
-            done = host.run(command)
-            if done.rc == 0 or "canceled" not in done.stderr:
-                break
+        done, tries = host.run(command), 1
+        while done.rc != 0 and "canceled" in done.stderr and tries < 3:
+            done, tries = host.run(command), tries + 1
         assert done.rc == 0, "the timers of the other consumers did not stop on %s: %s" % (
             host.backend.get_hostname(), done.stderr)
     if WATCHED["names"] != sorted(watched):
