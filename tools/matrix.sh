@@ -34,6 +34,8 @@ first=(
   "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
   "2.20 collection"
   "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
+  "after 2.22 collection"
+  "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
 )
 second=(
   "2.22 collection"
@@ -43,7 +45,6 @@ second=(
   "after $newest collection"
   "$newest unit sanity"
   "$newest molecule SCENARIOS=info"
-  "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "$newest molecule SCENARIOS=fleet"
 )
 setup() { grep -E "$@" -e ' collection$' -e '^after '; }
