@@ -2,6 +2,7 @@
 recorded; an empty queue or a failure waits the interval. Judged from the
 records the probe writes per batch (one record set per process)."""
 
+import contextlib
 import json
 
 from testlib import (assert_deployed, consumer_info, consumer_spec, consumers, deploy, journal, next_elapse,
@@ -100,29 +101,34 @@ def fail_a_drain(host, name, result):
     if name == "fails-stubborn":  # it ignored SIGTERM: SIGKILL stop_timeout (2s) later
         assert 5.0 - 0.1 <= last["last_batch"]["duration_s"] <= 5.0 + MARGIN, last
         assert last["last_batch"]["exit_status"] == "KILL", last
-    # The next run starts the interval after the failure. Its first batch
-    # waits on the queue's lock while the test holds it (not for the two
-    # drains whose batches time out after 3 s), so the failed run is the last
-    # one consumer_info reports, though systemd no longer keeps its status.
+    # The next run starts the interval after the failure. For two of the
+    # drains the test holds the queue's lock meanwhile (the other two time
+    # their batches out after 3 s), so that run waits in its first batch, and
+    # consumer_info reads the failed run though systemd no longer keeps its status.
     holding = name in ("fails-exit", "fails-signal")
-    if holding:
-        host.check_output("systemd-run --unit=hold-%s --collect flock /srv/queues/%s sleep 120", name, name)
-        wait_for(lambda: host.run("flock -n /srv/queues/%s true", name).rc != 0, 30, "the test to hold the lock")
-    try:
+    with queue_lock_held(host, name) if holding else contextlib.nullcontext():
         following = wait_for(lambda: next_run(host, unit, failed_run["InvocationID"]), 60,
                              "the run after the failure", explain=lambda: journal(host, name))
         if holding:
             again = consumer_info(host, names=name)["consumers"][name]["last_run"]
             assert (again["invocation_id"], again["result"], again["batches"], again["last_batch"]) == (
                 last["invocation_id"], last["result"], last["batches"], last["last_batch"]), (again, last)
-    finally:
-        if holding:
-            host.run("systemctl stop hold-%s", name)
     gap = timestamp(following["InactiveExitTimestamp"]) - timestamp(failed_run["InactiveEnterTimestamp"])
     interval = span_seconds(consumer_spec(name)["interval"])
     assert interval - 0.1 - 0.5 <= gap <= interval + MARGIN, "next run %.2fs after the failure%s" % (
         gap, journal(host, name))
     wait_for(lambda: left(host, name) == 0 and idle(host, unit), 60, "%s to drain the rest" % name)
+
+
+@contextlib.contextmanager
+def queue_lock_held(host, name):
+    """The consumer's queue locked by the test (a transient unit of its own), as the consumers lock it."""
+    host.check_output("systemd-run --unit=hold-%s --collect flock /srv/queues/%s sleep 120", name, name)
+    try:
+        wait_for(lambda: host.run("flock -n /srv/queues/%s true", name).rc != 0, 30, "the test to hold the lock")
+        yield
+    finally:
+        host.run("systemctl stop hold-%s", name)
 
 
 def next_run(host, unit, invocation):
