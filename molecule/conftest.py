@@ -1,10 +1,14 @@
-"""Makes molecule/testlib.py importable from every scenario's tests."""
+"""Makes molecule/testlib.py importable from every scenario's tests, and
+sends testinfra's commands through one helper per container (container_shell.py)."""
 
 import time
 
 import pytest
 
+import container_shell
 from testlib import FIGURES, PREFIX, WATCHED, all_hosts, release_held, scenario_vars, span_seconds, timers_of
+
+container_shell.install()
 
 
 @pytest.fixture(scope="module")
