@@ -100,3 +100,20 @@ def test_a_hook_unit_loads_the_hook_credentials_as_the_role_wrote_them():
     assert after_run.credential_properties(("plain", pairs))[0] == (
         "--property=LoadCredential=token:/etc/batchq/mail.token.hookcred")
     assert after_run.credential_properties(None) == []
+
+
+def test_a_state_written_over_a_longer_one_is_whole_at_each_step(tmp_path):
+    path = tmp_path / "consumer.json"
+    old = json.dumps({"batchq-x.service": {"failures": 12, "since": 1.5, "notified": 3.25}}).encode()
+    new = json.dumps({}).encode()
+    path.write_bytes(old)
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        # the write alone, as a run killed before the cut leaves it
+        os.pwrite(descriptor, new.ljust(len(old)), 0)
+        assert json.loads(path.read_bytes()) == {}
+        path.write_bytes(old)
+        after_run.write_over(descriptor, len(old), new)
+    finally:
+        os.close(descriptor)
+    assert path.read_bytes() == b"{}"
