@@ -75,11 +75,12 @@ engine:
 	tools/docker-engine.sh
 
 # The test hosts: one image per Debian, a bare one (systemd and python3 alone)
-# for 11, 12 and 13, and the fleet's database. Three build at once: each is
-# mostly downloads and dpkg's unpacking, not CPU.
-IMAGES := bullseye bookworm trixie forky --bare,bullseye --bare,bookworm --bare,trixie \
-	bookworm,batchq/postgresql:bookworm,postgresql
+# for 11, 12 and 13, and the fleet's database. The bare images build first,
+# three at once, and the others start from them (tools/build-image.sh).
+BARE_IMAGES := --bare,bullseye --bare,bookworm --bare,trixie
+IMAGES := forky bullseye bookworm trixie bookworm,batchq/postgresql:bookworm,postgresql
 images: engine
+	printf '%s\n' $(BARE_IMAGES) | tr , ' ' | xargs -P 3 -L 1 tools/build-image.sh
 	printf '%s\n' $(IMAGES) | tr , ' ' | xargs -P 3 -L 1 tools/build-image.sh
 
 controller-image: engine

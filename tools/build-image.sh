@@ -9,6 +9,13 @@
 # node_exporter, no sudo, no pgbouncer, no procps: the role must work there.
 # An image built by the same recipe (this script, suite and extra packages) is
 # reused; a changed recipe rebuilds it, and so does FORCE=1.
+#
+# Two stages. The first is a bare host: debootstrap with systemd and python3.
+# The second installs the other packages with apt in the image's root. An
+# image that has a second stage starts from the suite's bare image when this
+# script built it by the same recipe, and bootstraps its own first stage
+# otherwise: debootstrap is most of a build's CPU, and `make images` builds
+# the bare images first.
 set -euo pipefail
 
 bare=
@@ -35,15 +42,15 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}
 # node_exporter serves the consumers' metrics; psycopg runs the PostgreSQL
 # example consumer (bullseye has only psycopg2, which it uses there), and
 # pgbouncer its local pooler (examples/postgresql_queue/pooler.yml).
-packages=systemd,systemd-sysv,python3
+packages=
 if [ -z "$bare" ]; then
-  packages+=,dbus,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer
+  packages=dbus,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer
   case $suite in
     bullseye) packages+=,python3-psycopg2 ;;
     *) packages+=,python3-psycopg ;;
   esac
 fi
-[ -z "$extra" ] || packages+=,$extra
+[ -z "$extra" ] || packages+=${packages:+,}$extra
 
 # An older debootstrap has no script for a newer suite (Debian 12's knows no
 # forky); testing is bootstrapped like sid.
@@ -51,10 +58,37 @@ script=/usr/share/debootstrap/scripts/$suite
 [ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid
 
 root=$(mktemp -d /var/tmp/batchq-rootfs.XXXXXX)
-trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror" "$script" >"$root.log" 2>&1 \
-  || { tail -20 "$root.log" >&2; rm -f "$root.log"; exit 1; }
-rm -f "$root.log"
+chmod 755 "$root"  # as / is: apt's downloads and su in maintainer scripts run as other users
+# --one-file-system: never into the /proc that the second stage mounts
+trap 'umount "$root/proc" 2>/dev/null || true; rm -rf --one-file-system "$root" "$root.log"' EXIT
+fail() { tail -20 "$root.log" >&2; exit 1; }
+
+# The first stage: the suite's bare image, or debootstrap.
+bare_tag=batchq/debian-bare:$suite
+bare_recipe=$( { cat "$0"; echo "1 $suite "; } | sha256sum | cut -c1-16)
+if [ -n "$packages" ] && [ "$(docker image inspect -f '{{ index .Config.Labels "batchq.recipe" }}' "$bare_tag" \
+                             2>/dev/null || true)" = "$bare_recipe" ]; then
+  container=$(docker create "$bare_tag")
+  # --numeric-owner: the image's own users and groups, not this machine's of the same names
+  docker export "$container" | tar --numeric-owner -C "$root" -x
+  docker rm "$container" >/dev/null
+else
+  debootstrap --variant=minbase --include=systemd,systemd-sysv,python3 "$suite" "$root" "$mirror" "$script" \
+    >"$root.log" 2>&1 || fail
+fi
+
+# The second stage: apt, as on a host; no service starts in the root.
+if [ -n "$packages" ]; then
+  cp /etc/resolv.conf "$root/etc/resolv.conf"
+  printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+  chmod 755 "$root/usr/sbin/policy-rc.d"
+  mount -t proc proc "$root/proc"
+  # The mirror may serve testing's lists past their Valid-Until date, as debootstrap accepts them.
+  chroot "$root" sh -c "apt-get -q -o Acquire::Check-Valid-Until=false update && DEBIAN_FRONTEND=noninteractive \
+    apt-get -qy install --no-install-recommends ${packages//,/ }" >"$root.log" 2>&1 || fail
+  umount "$root/proc"
+  rm -f "$root/usr/sbin/policy-rc.d"
+fi
 
 # A container has no consoles to log in on, and the host's network is given.
 chroot "$root" systemctl mask getty.target console-getty.service systemd-networkd-wait-online.service >/dev/null 2>&1 || true
@@ -85,7 +119,7 @@ ExecStart=/bin/mount --make-shared /run
 WantedBy=sysinit.target
 UNIT
 chroot "$root" systemctl enable shared-mounts.service >/dev/null 2>&1
-rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/* "$root"/var/log/apt/*
 : >"$root/etc/machine-id"
 
 tar -C "$root" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' -c 'ENV container=docker' \
