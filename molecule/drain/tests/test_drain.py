@@ -272,8 +272,11 @@ def test_consumer_info_tells_the_batches_of_a_drain_apart(host):
     assert last["batches"] == len(drained) == 4
     batch = last["last_batch"]
     assert (batch["number"], batch["result"], batch["exit_status"]) == (4, "success", 0), last
-    assert abs(timestamp_of(batch["started"]) - drained[-1]["start"]) < 1
-    assert abs(timestamp_of(batch["finished"]) - drained[-1]["end"]) < 1
+    # the runner's times of the batch enclose the batch's own records; Python's
+    # start may take seconds on a loaded CI machine
+    started, finished = timestamp_of(batch["started"]), timestamp_of(batch["finished"])
+    assert started <= drained[-1]["start"] < started + 10.0, (batch, drained[-1])
+    assert drained[-1]["end"] <= finished < drained[-1]["end"] + 10.0, (batch, drained[-1])
     # the log lines are the last batch's own: the probe prints its number there
     assert any('"batch": "4"' in line for line in last["log"]), last["log"]
     assert not [line for line in last["log"] for n in "123" if '"batch": "%s"' % n in line], last["log"]

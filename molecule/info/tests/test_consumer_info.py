@@ -51,10 +51,15 @@ def test_last_run_and_history_match_systemd_and_the_consumer(host, driven, name)
     assert last["invocation_id"] == truth["InvocationID"] == own[-1]["invocation"], explain
     assert last["result"] == truth["Result"], explain
     assert report["state"] == ("waiting" if truth["Result"] == "success" else "failed"), explain
-    assert abs(timestamp_of(last["started"]) - own[-1]["start"]) < 1.0, explain
-    assert abs(timestamp_of(last["finished"]) - timestamp(truth["ExecMainExitTimestamp"])) < 1.0, explain
+    # The report's times are systemd's: they match systemd's own record of
+    # the run. The consumer's records come after its process started and
+    # before it ended; Python took over a second to start on a loaded CI machine.
+    started, finished = timestamp_of(last["started"]), timestamp_of(last["finished"])
+    assert abs(started - timestamp(truth["ExecMainStartTimestamp"])) < 1.0, explain
+    assert abs(finished - timestamp(truth["ExecMainExitTimestamp"])) < 1.0, explain
+    assert started <= own[-1]["start"] < started + 10.0, explain
     if "end" in own[-1]:
-        assert abs(timestamp_of(last["finished"]) - own[-1]["end"]) < 1.0, explain
+        assert own[-1]["end"] <= finished < own[-1]["end"] + 10.0, explain
     code = {"1": "exited", "2": "killed", "3": "dumped"}[truth["ExecMainCode"]]
     assert last["exit_code"] == code, explain
     if code == "exited":
@@ -125,7 +130,9 @@ def test_running_batch_is_reported_running_since_its_start(host):
         started = wait_for(lambda: [r for r in runs(host, "busy") if "end" not in r], 30, "busy to start")[-1]
         report = consumer_info(host)["consumers"]["busy"]
         assert report["state"] == "running", report
-        assert abs(timestamp_of(report["running_since"]) - started["start"]) < 1.0, report
+        # systemd's start of the run, then the consumer's first record (above)
+        since = timestamp_of(report["running_since"])
+        assert since <= started["start"] < since + 10.0, (report, started)
     finally:
         host.run("touch /var/lib/batchq/busy/release")
     wait_for(lambda: finished(runs(host, "busy")), 30, "busy to end")
