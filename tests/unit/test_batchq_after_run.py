@@ -113,7 +113,7 @@ def test_a_state_written_over_a_longer_one_is_whole_at_each_step(tmp_path):
         os.pwrite(descriptor, new.ljust(len(old)), 0)
         assert json.loads(path.read_bytes()) == {}
         path.write_bytes(old)
-        after_run.write_over(descriptor, len(old), new)
+        after_run.write_over(descriptor, new)
     finally:
         os.close(descriptor)
     assert path.read_bytes() == b"{}"

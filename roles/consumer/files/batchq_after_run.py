@@ -148,13 +148,13 @@ def credential_properties(credentials):
     return ["--property=%s=%s" % (setting, pair) for pair in json.loads(pairs)]
 
 
-def write_over(descriptor, old_size, data):
-    """Write data over a file of old_size bytes, then cut the file to data's
-    length. The write pads data with spaces to the old size, and JSON allows
+def write_over(descriptor, data):
+    """Write data over the file's content, then cut the file to data's length.
+    The write pads data with spaces to the file's old size, and JSON allows
     them: a run killed between the two steps (a reboot) leaves the old state
     or the new one. A truncate first would leave an empty file for a moment,
     and an empty file is no state: every failure count starts again."""
-    os.pwrite(descriptor, data.ljust(old_size), 0)
+    os.pwrite(descriptor, data.ljust(os.fstat(descriptor).st_size), 0)
     os.ftruncate(descriptor, len(data))
 
 
@@ -167,15 +167,14 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery, creden
     with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
         # Instances of one consumer share the state: one at a time.
         _batchq_metrics().lock(handle.fileno(), DEADLINE)
-        saved = handle.read()
         try:
-            state = json.loads(saved or "{}")
+            state = json.loads(handle.read() or "{}")
         except ValueError:
             state = {}
         # the run's end, not this writer's clock: how long it took to get
         # here (seconds on a loaded host) must not move the period
         state, hook = hook_decision(state, unit, failed, times[1], every)
-        write_over(handle.fileno(), len(saved.encode("utf-8")), json.dumps(state).encode("utf-8"))
+        write_over(handle.fileno(), json.dumps(state).encode("utf-8"))
     argv = json.loads({"on_failure": on_failure, "on_recovery": on_recovery}[hook[0]]) if hook else None
     if not argv:
         return
