@@ -69,7 +69,10 @@ def test_a_backlog_drains_back_to_back_then_waits_the_interval(host):
     assert len({b["invocation"] for b in drained}) == 1, "one activation drains the backlog"
     assert sorted(item for b in drained for item in b["items"]) == list(range(1, 201))
     gaps = [later["start"] - earlier["end"] for earlier, later in zip(drained, drained[1:])]
-    assert max(gaps) < 1.0, "a batch waited %.2fs although work was waiting%s" % (max(gaps), journal(host, "drainer"))
+    # back to back: a gap is the end of one Python process and the start of
+    # the next (a second on a loaded machine), never the interval (1h)
+    assert max(gaps) < MARGIN, "a batch waited %.2fs although work was waiting%s" % (
+        max(gaps), journal(host, "drainer"))
     for earlier, later in zip(drained, drained[1:]):
         assert later["start"] >= earlier["end"], "two batches overlapped"
     # the queue is empty: the next batch waits the interval (1h)
@@ -223,7 +226,7 @@ def test_pause_ends_a_drain_after_its_batch_in_flight_and_resume_goes_on(hosts):
         # nothing ran while paused; the first batch after resume waits start_delay (1s)
         assert resumed[0]["start"] - scheduled_starts(host, "batchq-slow.timer")[-1] >= 1.0 - 0.5, journal(host, "slow")
         gaps = [later["start"] - earlier["end"] for earlier, later in zip(resumed, resumed[1:3])]
-        assert max(gaps) < 1.0, "the resumed drain waited %.2fs between batches" % max(gaps)
+        assert max(gaps) < MARGIN, "the resumed drain waited %.2fs between batches" % max(gaps)
     stop_slow_drain(hosts)
 
 
