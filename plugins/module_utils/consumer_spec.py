@@ -117,6 +117,7 @@ VAULT_TYPES = ("AnsibleVaultEncryptedUnicode", "EncryptedString")
 # change what systemd reads (a tab is white space to it) or garble logs.
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 CONTROL_PROBLEM = "must not contain a newline or any other control character"
+LINE_BREAK_RE = re.compile(r"[\r\n]")
 # What preload takes: dotted module names, and a command python3 runs.
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 PYTHON_RE = re.compile(r"python[0-9.]*")
@@ -246,6 +247,12 @@ def split_command(consumer, command, field="command"):
     if isinstance(command, (list, tuple)):
         argv = [str(word) for word in command]
     elif isinstance(command, str):
+        # A shell runs each line as a command of its own; the split would take
+        # the lines as one command, the later lines its arguments. YAML's ">"
+        # folds lines into one and ends it with a newline, which is stripped.
+        if LINE_BREAK_RE.search(command.strip()):
+            _fail(consumer, field, "is a string of more than one line: give one command line "
+                  "(YAML's '>' folds lines into one), or a list of arguments")
         try:
             argv = shlex.split(command)
         except ValueError as exc:

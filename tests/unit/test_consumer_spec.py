@@ -161,6 +161,8 @@ def test_raw_options_keep_specifiers_and_percent_signs():
 def test_string_command_splits_like_a_shell_and_list_is_kept():
     assert one(command="/bin/echo 'a b' c\\ d")["exec_start"] == '"/bin/echo" "a b" "c d"'
     assert one(command=["/bin/echo", "a b", "$x"])["exec_start"] == '"/bin/echo" "a b" "$$x"'
+    # YAML's ">" folds the lines of a long command and ends it with a newline
+    assert one(command="/bin/echo a\n")["exec_start"] == '"/bin/echo" "a"'
 
 
 # (what is wrong, the consumer's fields, words the message must contain)
@@ -181,6 +183,9 @@ BAD = [
     ("empty argv", {"command": []}, ["'thumbs'", "'command'", "empty"]),
     ("unbalanced quote", {"command": "/bin/echo 'a"}, ["'thumbs'", "'command'"]),
     ("newline in argument", {"command": ["/bin/echo", "a\nb"]}, ["'command'", "newline"]),
+    # a shell would run two commands: the split would make the second line arguments
+    ("two lines", {"command": "/bin/echo a\n/bin/echo b\n"}, ["'thumbs'", "'command'", "more than one line"]),
+    ("a line break in quotes", {"command": "/bin/echo 'a\rb'"}, ["'thumbs'", "'command'", "more than one line"]),
     ("no command", {"command": None}, ["'thumbs'", "'command'", "required"]),
     ("typo key", {"intervall": "5s"}, ["'thumbs'", "'intervall'"]),
     ("zero instances", {"instances": 0}, ["'instances'"]),
