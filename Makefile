@@ -28,6 +28,9 @@ export ANSIBLE_FORCE_COLOR := false
 # copy here, not in the user's home where it would outlive the next build.
 export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
+# A test run leaves no bytecode in the tree, and hypothesis keeps its examples below CACHE.
+export PYTHONDONTWRITEBYTECODE := 1
+export HYPOTHESIS_STORAGE_DIRECTORY := $(CACHE)/hypothesis
 export DOCS_VENV
 
 .PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue queues rules molecule images controller-image engine collection docs-collection clean
@@ -132,16 +135,14 @@ pgqueue: $(VENV)/.installed images
 # The queue library, the SQS and spool examples (examples/queue_library, examples/sqs_queue,
 # examples/spool_queue) against an in-memory queue, a strict fake of SQS, a moto server on
 # 127.0.0.1 and spools in temporary folders.
-# No bytecode nor pytest cache is left in the tree; hypothesis keeps its files below CACHE.
 queues: $(QUEUES_VENV)/.installed $(DEBIAN11_VENV)/.installed
 	$(QUEUES_VENV)/bin/pyflakes examples/queue_library examples/sqs_queue examples/spool_queue \
 	  examples/postgresql_queue tests/queues tests/pgqueue \
 	  examples/sqs_queue/batchq-sqs examples/sqs_queue/batchq-sqs-enqueue \
 	  examples/spool_queue/batchq-spool examples/spool_queue/batchq-spool-enqueue \
 	  examples/postgresql_queue/batchq-pgqueue examples/postgresql_queue/batchq-pgqueue-enqueue
-	PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_STORAGE_DIRECTORY=$(CACHE)/hypothesis \
-	  DEBIAN11_PYTHON=$(abspath $(DEBIAN11_VENV))/bin/python \
-	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider --durations=15 tests/queues
+	DEBIAN11_PYTHON=$(abspath $(DEBIAN11_VENV))/bin/python \
+	  $(QUEUES_VENV)/bin/python -m pytest --durations=15 tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
 rules:
