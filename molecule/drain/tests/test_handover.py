@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from test_drain import BACKLOG, MARGIN, batches, fill, idle, kick, left
+from test_drain import BACKLOG, HAND_OVER_S, batches, fill, idle, kick, left
 from testlib import journal, next_elapse, on_every_host_at_once, show, systemd_version, wait_for
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): none.
@@ -45,7 +45,7 @@ def test_a_hand_over_after_many_short_runs_goes_on_at_once(host):
     first = [b for b in drained if b["invocation"] == runs[0]]
     second = [b for b in drained if b["invocation"] == runs[1]]
     assert first[-1]["status"] == BACKLOG and "end" in first[-1], "the batch in flight was cut short"
-    assert second[0]["start"] - first[-1]["end"] < 2.0 + MARGIN, journal(host, "quick")
+    assert second[0]["start"] - first[-1]["end"] < HAND_OVER_S, journal(host, "quick")
     refused = host.run("journalctl --no-pager -o cat -u %s", continuation).stdout
     assert "too quickly" not in refused, refused
 
@@ -112,4 +112,4 @@ def test_a_stop_is_a_stop_and_a_hand_over_still_goes_on_at_once(host):
     fill(host, name, 0)
     wait_for(lambda: idle(host, unit), 30, "stoppable to end on an empty queue")
     last = [b for b in batches(host, name)[count:] if b["invocation"] == first][-1]
-    assert last.get("status") == BACKLOG and handed["start"] - last["end"] < 2.0 + MARGIN, journal(host, name)
+    assert last.get("status") == BACKLOG and handed["start"] - last["end"] < HAND_OVER_S, journal(host, name)

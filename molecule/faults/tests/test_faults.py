@@ -56,7 +56,9 @@ def test_hung_batch_is_killed_at_its_timeout_and_the_next_follows(host):
         history = [r for r in reversed(report["history"]) if timestamp_of(r["started"] or r["finished"]) > since]
         return len(history) >= 3 and (report, history)
 
-    report, history = wait_for(ended_runs, 60, "three ended runs of hang", interval=1)
+    # the probe's records first: they cost a `cat`, a report costs a module run
+    wait_for(lambda: len([r for r in runs(host, "hang") if r["start"] > since]) >= 4, 60, "four starts of hang")
+    report, history = wait_for(ended_runs, 30, "three ended runs of hang", interval=1)
     assert all(r["result"] == "timeout" for r in history), report
     kill_times = kill_delays(host, "hang", history)
     # from the manager's own stamps: its start of the run, its record of the exit
@@ -121,7 +123,8 @@ def test_exit_status_3_is_recorded_and_runs_go_on(host):
         report = consumer_info(host, "exit3")
         return report["summary"]["runs"] >= 3 and report
 
-    report = wait_for(three_ended, 60, "three ended runs of exit3", interval=1)
+    wait_for(lambda: len(finished(runs(host, "exit3"))) >= 3, 60, "three runs of exit3")
+    report = wait_for(three_ended, 30, "three ended runs of exit3", interval=1)
     assert all((r["result"], r["exit_code"], r["exit_status"]) == ("exit-code", "exited", 3)
                for r in report["history"]), report
     assert report["state"] in ("failed", "running") and report["summary"]["runs"] >= 3

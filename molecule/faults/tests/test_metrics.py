@@ -77,7 +77,9 @@ def test_a_hung_batch_counts_as_a_timeout_after_its_timeout(host):
              "a timeout of hang in the metrics")
     series = scrape(host)
     assert one(series, "hang", "timeout_seconds") == 3
-    assert 3.0 - 0.3 <= one(series, "hang", "last_run_duration_seconds") <= 3.0 + 1.5, journal(host, "hang")
+    # the manager arms the timeout, then spawns the run's process (most of a
+    # second on a loaded host), and the run's start is taken at the spawn
+    assert 3.0 - 1.0 <= one(series, "hang", "last_run_duration_seconds") <= 3.0 + 1.5, journal(host, "hang")
     # SIGTERM at the timeout
     assert one(series, "hang", "last_exit_status") == 128 + 15
     assert one(series, "hang", "last_run_success") == 0

@@ -92,8 +92,8 @@ def test_mean_duration_matches_the_consumer_own_timing(host, driven):
     mean = sum(r["end"] - r["start"] for r in own) / len(own)
     # a run is the probe's own time and the unit's start and stop around it
     # (the Python probe's start, the ExecStopPost= metrics writer): seconds
-    # more on a loaded 2-core machine, never less
-    assert mean - 0.05 <= report["summary"]["mean_duration_s"] <= mean + 2.0, (report["summary"], mean)
+    # more on a loaded 2-core machine (two Python starts), never less
+    assert mean - 0.05 <= report["summary"]["mean_duration_s"] <= mean + 5.0, (report["summary"], mean)
     assert report["summary"]["success_rate"] == 1.0
 
 
@@ -124,6 +124,13 @@ def test_instances_are_reported_each(host):
                for c in consumers.values()), consumers
 
 
+def ended(host, unit):
+    """Whether a run of the unit has ended: its main process exited, and its
+    ExecStopPost= writer after it (the unit is "deactivating" until then)."""
+    state = show(host, unit, "ActiveState", "ExecMainExitTimestampMonotonic")
+    return state["ActiveState"] in ("inactive", "failed") and state["ExecMainExitTimestampMonotonic"] not in ("", "0")
+
+
 def test_running_batch_is_reported_running_since_its_start(host):
     host.check_output("rm -f /var/lib/batchq/busy/release && systemctl start --no-block batchq-busy.service")
     try:
@@ -135,7 +142,9 @@ def test_running_batch_is_reported_running_since_its_start(host):
         assert since <= started["start"] < since + 10.0, (report, started)
     finally:
         host.run("touch /var/lib/batchq/busy/release")
+    # the probe's end, then systemd's
     wait_for(lambda: finished(runs(host, "busy")), 30, "busy to end")
+    wait_for(lambda: ended(host, "batchq-busy.service"), 30, "systemd to end busy's run")
     report = consumer_info(host)["consumers"]["busy"]
     assert report["state"] == "waiting" and report["last_run"]["result"] == "success", report
 
@@ -351,8 +360,7 @@ def test_deploy_and_status_escalate_with_sudo(hosts, sudoer):
     for host in hosts:
         unit = host.file("/etc/systemd/system/viasudo-probe.service")
         assert unit.exists and unit.user == "root", deployed.output
-        wait_for(lambda h=host: show(h, "viasudo-probe.service", "Result", "ExecMainExitTimestampMonotonic")
-                 ["ExecMainExitTimestampMonotonic"] not in ("", "0"), 60, "the first run of viasudo-probe")
+        wait_for(lambda h=host: ended(h, "viasudo-probe.service"), 60, "the first run of viasudo-probe")
     table = status_playbook("-e", "consumer_unit_prefix=viasudo-", *("-e%s=%s" % item for item in sudoer.items()))
     assert table.returncode == 0, table.output
     for host in hosts:
