@@ -28,7 +28,8 @@ export ANSIBLE_FORCE_COLOR := false
 # copy here, not in the user's home where it would outlive the next build.
 export ANSIBLE_HOME := $(CACHE)/ansible-home
 export BATCHQ_CACHE := $(CACHE)
-# A test run leaves no bytecode in the tree, and hypothesis keeps its examples below CACHE.
+# A test run leaves no bytecode in the tree (nor a pytest cache: -p no:cacheprovider,
+# as molecule's verifier runs it), and hypothesis keeps its examples below CACHE.
 export PYTHONDONTWRITEBYTECODE := 1
 export HYPOTHESIS_STORAGE_DIRECTORY := $(CACHE)/hypothesis
 export DOCS_VENV
@@ -125,12 +126,12 @@ sanity: $(VENV)/.installed
 	tools/sanity.sh
 
 unit: collection
-	PYTHONPATH=$(CACHE)/collections pytest tests/unit
+	PYTHONPATH=$(CACHE)/collections pytest -p no:cacheprovider tests/unit
 
 # The PostgreSQL example's programs against a real server (Debian 12's, in a
 # container of the fleet's image; clients with psycopg2 and psycopg 3), no systemd.
 pgqueue: $(VENV)/.installed images
-	pytest --durations=15 tests/pgqueue
+	pytest -p no:cacheprovider --durations=15 tests/pgqueue
 
 # The queue library, the SQS and spool examples (examples/queue_library, examples/sqs_queue,
 # examples/spool_queue) against an in-memory queue, a strict fake of SQS, a moto server on
@@ -142,7 +143,7 @@ queues: $(QUEUES_VENV)/.installed $(DEBIAN11_VENV)/.installed
 	  examples/spool_queue/batchq-spool examples/spool_queue/batchq-spool-enqueue \
 	  examples/postgresql_queue/batchq-pgqueue examples/postgresql_queue/batchq-pgqueue-enqueue
 	DEBIAN11_PYTHON=$(abspath $(DEBIAN11_VENV))/bin/python \
-	  $(QUEUES_VENV)/bin/python -m pytest --durations=15 tests/queues
+	  $(QUEUES_VENV)/bin/python -m pytest -p no:cacheprovider --durations=15 tests/queues
 
 # The example alert rules, checked and unit-tested by Prometheus' own promtool.
 rules:
