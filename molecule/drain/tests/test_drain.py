@@ -148,16 +148,19 @@ def next_run(host, unit, invocation):
 
 @on_every_host_at_once
 def test_each_batch_has_its_own_timeout(host):
-    """20 batches of 0.3 s run in one activation far longer than timeout (2s),
+    """40 batches of 0.3 s run in one activation far longer than timeout (4s),
     also across a daemon-reload, which re-arms systemd's own start timeout."""
+    timeout = span_seconds(consumer_spec("slow")["timeout"])
     before = len(batches(host, "slow"))
-    fill(host, "slow", 20)
+    fill(host, "slow", 40)
     kick(host, "batchq-slow.service")
-    wait_for(lambda: len(batches(host, "slow")) >= before + 10, 30, "ten batches of slow")
+    wait_for(lambda: len(batches(host, "slow")) >= before + 10, 60, "ten batches of slow")
     host.check_output("systemctl daemon-reload")
-    wait_for(lambda: left(host, "slow") == 0 and idle(host, "batchq-slow.service"), 60, "slow to drain 20 items")
+    wait_for(lambda: left(host, "slow") == 0 and idle(host, "batchq-slow.service"), 120, "slow to drain 40 items",
+             explain=lambda: slow_story(host))
     drained = batches(host, "slow")[before:]
-    assert drained[-1]["end"] - drained[0]["start"] > 2.0 * 2, "the drain was not longer than the timeout"
+    # 40 batches of 0.3 s: 12 s of work alone
+    assert drained[-1]["end"] - drained[0]["start"] > 2 * timeout, "the drain was not longer than the timeout"
     assert show(host, "batchq-slow.service", "Result")["Result"] == "success", journal(host, "slow")
     assert all("end" in b for b in drained), journal(host, "slow")
 

@@ -2,7 +2,7 @@
 run: scraped from the host's node_exporter while the drain goes on."""
 
 from test_drain import fill, left
-from testlib import consumer_series, journal, scrape, show, wait_for
+from testlib import consumer_series, consumer_spec, journal, scenario_vars, scrape, show, span_seconds, wait_for
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): none.
 WATCHES = ()
@@ -39,8 +39,10 @@ def test_each_batch_of_a_drain_is_counted_as_it_ends(host):
     last = {metric: consumer_series(series, "slow", metric)[unit]
             for metric in ("last_run_success", "last_exit_status", "consecutive_failures", "timeout_seconds",
                            "interval_seconds")}
-    assert last == {"last_run_success": 1, "last_exit_status": 0, "consecutive_failures": 0, "timeout_seconds": 2,
-                    "interval_seconds": 3600}, last
+    spec = dict(scenario_vars()["consumer_defaults"], **consumer_spec("slow"))
+    assert last == {"last_run_success": 1, "last_exit_status": 0, "consecutive_failures": 0,
+                    "timeout_seconds": span_seconds(spec["timeout"]),
+                    "interval_seconds": span_seconds(spec["interval"])}, last
 
 
 def test_instances_of_a_drain_share_one_file_with_a_series_each(host):
