@@ -26,9 +26,13 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
 - A batch claims at most --limit jobs. The backend counts each job's
   attempt when it claims it, before any work. An attempt is never given
   back, so every path that ends a batch early is bounded.
-- Each job runs process(job) in a child process of its own, with
-  --job-timeout. A crash (SIGSEGV), sys.exit(), a hang, an error of any
-  class or text, or a result JSON cannot hold fails that job alone.
+- The jobs of a batch run process(job) one at a time in a worker, a child
+  process of the batch, with --job-timeout each. A crash (SIGSEGV),
+  sys.exit(), a hang, an error of any class or text, or a result JSON
+  cannot hold fails that job alone; the next job gets a new worker when the
+  job ended the one before. (One process per batch, not per job: a fork
+  costs more than a small job.) A process a job starts and leaves running
+  ends with the worker, at the latest at the batch's end.
 - A failed job waits a backoff before it is due again: --backoff-min
   doubling per attempt up to --backoff-max, the upper half of it at random
   (jitter, so jobs that failed together do not come back together).
@@ -37,13 +41,18 @@ The contract (the same as batchq-spool's and batchq-pgqueue's):
   before they could tell) is dead before any work, unless its result was
   applied already: then it is done.
 - A result is applied once: the backend's done() must see to that.
-- When has_result() fails (the store of results is out of reach), whether
-  the job was done is unknown: it and the jobs after it go back unstarted,
-  and the batch exits 1.
-- No new job starts after SIGTERM or after --max-seconds. The jobs not
-  started go back to the queue (release). So does a job whose process
-  SIGTERM ended after the batch's own SIGTERM (systemd stops a whole
-  control group): it is not charged as a failure. They keep the attempt:
+- A result the queue refuses (done() raises Refused: a name clash, a size
+  limit, a constraint) fails that job alone, as if its work had failed.
+- Once the queue fails (a lost connection, a store of results out of
+  reach), no job starts: its outcome could not be recorded, and whether it
+  was done may be unknown. The jobs not started go back, and the batch
+  exits 1.
+- No claim is made after SIGTERM, and no new job starts after SIGTERM or
+  after --max-seconds. The jobs not started go back to the queue
+  (release). The batch passes its SIGTERM on to the job at work: systemd's
+  stop signals the whole control group, but a drain's runner at a batch's
+  timeout signals the batch's process group only. A job that SIGTERM ended
+  goes back too: it is not charged as a failure. They keep the attempt:
   SQS cannot give one back. So a job that is released in --max-attempts
   batches in a row is dead without work: give --max-seconds room for a
   whole batch, so that it ends a batch early only when something is wrong.
@@ -101,14 +110,17 @@ class Refused(Exception):
 class Job:
     """One claimed job. id is stable across deliveries. attempts counts this one.
     group is the job's ordering group (an SQS FIFO group), or None.
-    handle is the backend's own (a receipt handle, a row id)."""
+    handle is the backend's own (a receipt handle, a row id).
+    attributes are what the producer sent beside the payload (SQS message
+    attributes: name to text), or an empty dict."""
 
-    def __init__(self, job_id, payload, attempts, handle=None, group=None):
+    def __init__(self, job_id, payload, attempts, handle=None, group=None, attributes=None):
         self.id = job_id
         self.payload = payload
         self.attempts = attempts
         self.handle = handle
         self.group = group
+        self.attributes = dict(attributes or {})
 
     def __repr__(self):
         return "Job(%r, attempts=%d)" % (self.id, self.attempts)
@@ -298,30 +310,52 @@ def write_all(descriptor, data):
         data = data[os.write(descriptor, data):]
 
 
-def _child(process, job, reports):
-    """In the child: one report line, then exit. Never returns."""
+class WorkerEnded(Exception):
+    """The worker process ended with a job: its outcome is the argument; the next job needs a new worker."""
+
+
+class WorkerGone(Exception):
+    """The worker process was gone before the job could start: the job may start on a new one."""
+
+
+def _report(process, job):
+    """The report of process(job): ["done", result JSON text] or ["failed", error]."""
+    try:
+        result = process(job)
+        text = json.dumps(result, allow_nan=False)
+    except Exception as exc:  # pylint: disable=broad-except  # any error of the job fails the job alone
+        return ["failed", error_text(exc)]
+    if len(text.encode("utf-8", "surrogatepass")) > RESULT_BYTES:
+        return ["failed", "its result has more than %d bytes" % RESULT_BYTES]
+    # json.dumps escapes every character outside ASCII, a lone surrogate too: the text is ASCII.
+    return ["done", text]
+
+
+def _serve(process, jobs, orders, reports):
+    """In the worker: read a job's index, run it, write one report line; until the
+    orders end. Never returns. A job that raises SystemExit or KeyboardInterrupt
+    fails, and the worker ends after its report: the job asked for an exit."""
     status = 0
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        try:
-            result = process(job)
-            text = json.dumps(result, allow_nan=False)
-            if len(text.encode("utf-8", "surrogatepass")) > RESULT_BYTES:
-                report = ["failed", "its result has more than %d bytes" % RESULT_BYTES]
-            else:
-                # json.dumps escapes every character outside ASCII, a lone surrogate too: the text is ASCII.
-                report = ["done", text]
-        except BaseException as exc:  # pylint: disable=broad-except  # SystemExit too: the job's, not the batch's
-            report = ["failed", error_text(exc)]
-        flush_stdio()
-        write_all(reports, (json.dumps(report) + "\n").encode())
-    except BaseException:  # pylint: disable=broad-except  # no report: the parent fails the job
+        with os.fdopen(orders, "rb") as lines:
+            for line in lines:
+                ending = False
+                try:
+                    report = _report(process, jobs[int(line)])
+                except BaseException as exc:  # pylint: disable=broad-except  # SystemExit too: the job's
+                    report, ending = ["failed", error_text(exc)], True
+                flush_stdio()
+                write_all(reports, (json.dumps(report + [ending]) + "\n").encode())
+                if ending:
+                    break
+    except BaseException:  # pylint: disable=broad-except  # no report: the batch fails the job
         with contextlib.suppress(Exception):
             traceback.print_exc()
         status = 1
     finally:
         flush_stdio()
-        os._exit(status)  # no atexit handlers, no buffers of the parent written twice
+        os._exit(status)  # no atexit handlers, no buffers of the batch written twice
 
 
 # prctl(2) option: the signal a process gets when its parent dies.
@@ -329,81 +363,167 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent):
-    """In a job's process: be killed when the batch's process dies.
+    """In the worker: be killed when the batch's process dies.
 
-    The job's process leads a process group of its own, so that a hung job is
-    killed with what it started. A drain's runner kills a batch that outlasts
-    its timeout by the batch's process group, which then misses the job: without
-    this, the job would run on beside the next batch. Linux only; elsewhere the
-    job's process outlives a killed batch until it ends."""
+    The worker leads a process group of its own, so that a hung job is killed
+    with what it started. A drain's runner kills a batch that outlasts its
+    timeout by the batch's process group, which then misses the worker: without
+    this, a job would run on beside the next batch. Linux only; elsewhere the
+    worker outlives a killed batch until its job ends."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the batch died before prctl(): no signal will come
         os._exit(1)
 
 
-def run_job(process, job, timeout, keep_alive, heartbeat=None):
-    """("done", result JSON text) or ("failed", error) of process(job) run in a child process."""
-    heartbeat = HEARTBEAT if heartbeat is None else heartbeat  # read now: a test may shorten it
-    flush_stdio()
-    read_end, write_end = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
+# The batch's worker process, while one runs: the SIGTERM handler forwards the stop to it.
+WORKER = {"pid": 0}
+
+
+class Worker:
+    """One child process that runs process(job) for a batch's jobs, one at a time.
+
+    A process per batch, not per job: a fork costs more than a small job. The
+    isolation stays: a crash, a hang, an exit or a result JSON cannot hold
+    fails the job at hand alone, and the next job gets a new worker. The worker
+    is forked after the claim, so it holds the claimed jobs; the batch sends it
+    a job's index and reads one report line back."""
+
+    def __init__(self, process, jobs):
+        flush_stdio()
+        order_read, self.orders = os.pipe()
+        self.reports, report_write = os.pipe()
+        parent = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self.orders)
+            os.close(self.reports)
+            with contextlib.suppress(OSError):
+                os.setpgid(0, 0)  # a group of its own: a hung job is killed with what it started
+            die_with_parent(parent)
+            _serve(process, jobs, order_read, report_write)
         with contextlib.suppress(OSError):
-            os.setpgid(0, 0)  # a group of its own: a hung job is killed with what it started
-        die_with_parent(parent)
-        _child(process, job, write_end)
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)
-    os.close(write_end)
-    started = time.monotonic()
-    data = b""
-    outcome = None
-    try:
+            os.setpgid(self.pid, self.pid)
+        os.close(order_read)
+        os.close(report_write)
+        self.status = None  # its wait status, once it ended
+        self.closed = False
+        WORKER["pid"] = self.pid
+        if TERM["asked"]:  # a stop that came during the fork: forward it now
+            self.signal(signal.SIGTERM)
+
+    def signal(self, number):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, number)
+
+    def run(self, index, timeout, keep_alive, heartbeat):
+        """("done", result JSON text) or ("failed", error) of the index-th job. Raises
+        WorkerEnded with the outcome when the worker must not serve another job."""
+        try:
+            write_all(self.orders, b"%d\n" % index)
+        except OSError as exc:  # the worker died between two jobs (the OOM killer, a stray signal)
+            self.close()
+            raise WorkerGone() from exc
+        started = time.monotonic()
+        data = b""
         while True:
             left = started + timeout - time.monotonic()
             if left <= 0:
-                outcome = ("failed", "its work outlasted --job-timeout (%gs)" % timeout)
-                break
-            ready, _writable, _errors = select.select([read_end], [], [], min(left, heartbeat))
+                self.close()
+                raise WorkerEnded(("failed", "its work outlasted --job-timeout (%gs)" % timeout))
+            ready, _writable, _errors = select.select([self.reports], [], [], min(left, heartbeat))
             keep_alive()
             if not ready:
+                if self.exited():  # a process the job started may hold the pipe open: no EOF
+                    break
                 continue
-            chunk = os.read(read_end, 65536)
-            if not chunk:
-                break
+            chunk = os.read(self.reports, 65536)
             data += chunk
-            if len(data) > REPORT_BYTES:
-                outcome = ("failed", "its report had more than %d bytes" % REPORT_BYTES)
+            if not chunk or len(data) > REPORT_BYTES:
                 break
-            if b"\n" in chunk:
-                # The one report line is whole. A helper the job started may hold the pipe open: no EOF wait.
-                break
-    finally:
-        os.close(read_end)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)  # what the job left running goes too
-        _pid, status = os.waitpid(pid, 0)
-    if outcome:
-        return outcome
-    try:
-        kind, text = json.loads(data.decode("utf-8"))
-        if kind in ("done", "failed") and isinstance(text, str):
-            return (kind, text)
-    except (ValueError, UnicodeDecodeError):
-        pass
-    if TERM["asked"] and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM:
-        # A stop signals the whole control group: the job was stopped, it did not fail.
-        return ("stopped", "its work's process was stopped by SIGTERM")
-    return ("failed", "its work's process was %s before it reported" % death(status))
+            if data.endswith(b"\n"):
+                return self.parse(data)
+        self.close()
+        if data and len(data) > REPORT_BYTES:
+            raise WorkerEnded(("failed", "its report had more than %d bytes" % REPORT_BYTES))
+        if TERM["asked"] and os.WIFSIGNALED(self.status) and os.WTERMSIG(self.status) == signal.SIGTERM:
+            # A stop reached the job: it was stopped, it did not fail.
+            raise WorkerEnded(("stopped", "its work's process was stopped by SIGTERM"))
+        raise WorkerEnded(("failed", "its work's process was %s before it reported" % death(self.status)))
+
+    def parse(self, data):
+        """A report line: [kind, text, whether the worker ends after it]."""
+        try:
+            kind, text, ending = json.loads(data.decode("utf-8"))
+            if kind in ("done", "failed") and isinstance(text, str):
+                if ending:
+                    self.close()
+                    raise WorkerEnded((kind, text))
+                return (kind, text)
+        except (ValueError, UnicodeDecodeError):
+            pass
+        self.close()
+        raise WorkerEnded(("failed", "its work's process wrote a report that is not one"))
+
+    def exited(self):
+        """Whether the worker has ended (then reaped, its status kept)."""
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = status
+        return self.status is not None
+
+    def close(self):
+        """End the worker and whatever its jobs left running in its process group.
+        A worker that died already keeps the status it died with."""
+        if self.closed:
+            return
+        self.closed = True
+        WORKER["pid"] = 0
+        for descriptor in (self.orders, self.reports):
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        self.signal(signal.SIGKILL)
+        if self.status is None:
+            _pid, self.status = os.waitpid(self.pid, 0)
+
+
+class Workers:
+    """The batch's worker: forked for the first job, and again after a job ended the one before."""
+
+    def __init__(self, process, jobs):
+        self.process = process
+        self.jobs = jobs
+        self.worker = None
+
+    def run(self, index, timeout, keep_alive):
+        """("done", result JSON text), ("failed", error) or ("stopped", why) of the index-th job."""
+        heartbeat = HEARTBEAT  # read now: a test may shorten it
+        for _try in range(2):  # a worker found dead before the job started gets one successor
+            if self.worker is None:
+                self.worker = Worker(self.process, self.jobs)
+            try:
+                return self.worker.run(index, timeout, keep_alive, heartbeat)
+            except WorkerGone:
+                self.worker = None
+            except WorkerEnded as ended:
+                self.worker = None
+                return ended.args[0]
+        return ("failed", "its work's process ended before the job could start, twice")
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 def run_batch(backend, process, args, clock=time.monotonic, uniform=random.uniform):
     """One batch; returns its exit code. Never raises QueueError."""
     counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "released": 0}
     errors = []
+    if TERM["asked"]:  # a stop before the claim: claim nothing
+        print("batchq: stopped before the claim", file=sys.stderr)
+        return 0
     try:
         jobs = backend.claim(args.limit)
     except QueueError as exc:
@@ -433,57 +553,61 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             return False
 
     unstarted = []
-    store_down = False  # has_result failed: the store of results is out of reach
-    for job in jobs:
-        # Between jobs too: the last one's outcome (an fsync, a send) may have taken a while.
-        keep_alive()
-        late = TERM["asked"] or (args.max_seconds and clock() - start >= args.max_seconds)
-        if late or store_down or (job.group is not None and job.group in blocked):
-            unstarted.append(job)
-            continue
-        # A result stored already wins over the attempts: only its delete was lost.
-        try:
-            stored = backend.has_result(job)
-        except QueueError as exc:
-            # Whether it was done is unknown: it goes back unstarted, and so do the jobs after it.
-            errors.append("has_result: %s" % clean_text(str(exc)))
-            store_down = True
-            unstarted.append(job)
-            continue
-        if stored:
-            if outcome(backend.done, job, None):
-                counts["done"] += 1
-        elif job.attempts > args.max_attempts:
-            # Its earlier attempts' batches died before they could tell.
-            outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
-                    % (job.attempts - 1, args.max_attempts))
-            counts["dead"] += 1
-        elif not outcome(backend.start, job):
-            unstarted.append(job)
-            continue
-        else:
-            kind, text = run_job(process, job, args.job_timeout, keep_alive)
-            if kind == "stopped":
-                unstarted.append(job)  # released as if not started: no failure is charged
+    workers = Workers(process, jobs)
+    try:
+        for index, job in enumerate(jobs):
+            # Between jobs too: the last one's outcome (an fsync, a send) may have taken a while.
+            keep_alive()
+            late = TERM["asked"] or (args.max_seconds and clock() - start >= args.max_seconds)
+            # Once the queue failed (a lost connection, a store out of reach), no job starts:
+            # its outcome could not be recorded, and whether it was done may be unknown.
+            if late or errors or (job.group is not None and job.group in blocked):
+                unstarted.append(job)
                 continue
-            if kind == "done":
-                try:
-                    if outcome(backend.done, job, text):
-                        counts["done"] += 1
-                except Refused as exc:
-                    kind, text = "failed", "its result was refused: %s" % clean_text(str(exc))
-            if kind == "failed":
-                print("batchq: job %s attempt %d failed: %s" % (job.id, job.attempts, text), file=sys.stderr)
-                if job.group is not None:
-                    blocked.add(job.group)
-                if job.attempts >= args.max_attempts:
-                    outcome(backend.dead, job, text)
-                    counts["dead"] += 1
-                else:
-                    outcome(backend.failed, job, text,
-                            backoff(job.attempts, args.backoff_min, args.backoff_max, uniform))
-                    counts["failed"] += 1
-        held.remove(job)
+            # A result stored already wins over the attempts: only its delete was lost.
+            try:
+                stored = backend.has_result(job)
+            except QueueError as exc:
+                # Whether it was done is unknown: it goes back unstarted, and so do the jobs after it.
+                errors.append("has_result: %s" % clean_text(str(exc)))
+                unstarted.append(job)
+                continue
+            if stored:
+                if outcome(backend.done, job, None):
+                    counts["done"] += 1
+            elif job.attempts > args.max_attempts:
+                # Its earlier attempts' batches died before they could tell.
+                outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
+                        % (job.attempts - 1, args.max_attempts))
+                counts["dead"] += 1
+            elif not outcome(backend.start, job):
+                unstarted.append(job)
+                continue
+            else:
+                kind, text = workers.run(index, args.job_timeout, keep_alive)
+                if kind == "stopped":
+                    unstarted.append(job)  # released as if not started: no failure is charged
+                    continue
+                if kind == "done":
+                    try:
+                        if outcome(backend.done, job, text):
+                            counts["done"] += 1
+                    except Refused as exc:
+                        kind, text = "failed", "its result was refused: %s" % clean_text(str(exc))
+                if kind == "failed":
+                    print("batchq: job %s attempt %d failed: %s" % (job.id, job.attempts, text), file=sys.stderr)
+                    if job.group is not None:
+                        blocked.add(job.group)
+                    if job.attempts >= args.max_attempts:
+                        outcome(backend.dead, job, text)
+                        counts["dead"] += 1
+                    else:
+                        outcome(backend.failed, job, text,
+                                backoff(job.attempts, args.backoff_min, args.backoff_max, uniform))
+                        counts["failed"] += 1
+            held.remove(job)
+    finally:
+        workers.close()  # and what its jobs left running
     if unstarted:
         counts["released"] = len(unstarted)
         outcome(backend.release, unstarted)
@@ -503,7 +627,13 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
 
 
 def on_sigterm(_signum, _frame):
+    """A stop: no new job starts, and the job at work gets the SIGTERM too. systemd's
+    stop signals the whole control group, but a drain's runner at a batch's timeout
+    signals the batch's process group only, and the worker leads a group of its own."""
     TERM["asked"] = True
+    if WORKER["pid"]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(WORKER["pid"], signal.SIGTERM)
 
 
 def main(argv, process, add_options=None, make_backend=None, check=None, description=None):

@@ -84,6 +84,18 @@ def credentials(tmp_path, monkeypatch):
     return folder
 
 
+def wait_for(condition, timeout, what, interval=0.05):
+    """condition()'s first truthy value within timeout seconds, or a failure naming what."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail("timed out after %ss waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
 def alive(pid):
     """Whether process pid runs: a zombie has ended, though /proc still shows it until it is reaped."""
     try:

@@ -2,8 +2,10 @@
 failures confined to their job, attempts, backoff, dead jobs, results once."""
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -11,7 +13,9 @@ import pytest
 
 import batchq_queue
 from batchq_queue import MemoryBackend
-from conftest import alive, parsed_options
+from conftest import TOP, alive, parsed_options, wait_for
+
+RUNNER = os.path.join(TOP, "roles", "consumer", "files", "batchq-drain")
 
 
 @pytest.fixture(autouse=True)
@@ -248,21 +252,115 @@ def test_a_failed_job_waits_its_backoff():
     assert run(backend, crash) == 1 and backend.jobs[0]["attempts"] == 2
 
 
+class StoppedAtFirstDone(MemoryBackend):
+    """systemd's stop arrives while the first job's outcome is recorded."""
+
+    def done(self, job, result):
+        super().done(job, result)
+        if job.id == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def test_sigterm_releases_the_jobs_not_started():
-    backend = MemoryBackend(["a", "b", "c"])
-
-    def stop_after_first(job):
-        # The signal is pending before the report is written: the parent's handler runs first.
-        os.kill(os.getppid(), signal.SIGTERM)
-        return ok(job)
-
+    backend = StoppedAtFirstDone(["a", "b", "c"])
     old = signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
     try:
-        assert run(backend, stop_after_first) == 75
+        assert run(backend, ok) == 75
     finally:
         signal.signal(signal.SIGTERM, old)
         batchq_queue.TERM["asked"] = False
     assert states(backend) == ["done", "ready", "ready"]
+    assert [job["attempts"] for job in backend.jobs.values()] == [1, 1, 1]
+
+
+def test_a_stop_before_the_claim_claims_nothing(capsys):
+    backend = MemoryBackend(["a"])
+    batchq_queue.TERM["asked"] = True
+    assert run(backend, ok) == 0
+    assert backend.calls == [] and states(backend) == ["ready"]
+    assert "stopped before the claim" in capsys.readouterr().err
+
+
+def batch_in_its_own_group(backend, process, states_file, **changes):
+    """Fork a batch as a drain's runner starts one: a process group of its own, main()'s
+    SIGTERM handler. It writes its exit code and the jobs' states to states_file."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
+            code = run(backend, process, **changes)
+            states_file.write_text(json.dumps({"code": code, "jobs": list(backend.jobs.values())}))
+        finally:
+            os._exit(code)
+    return pid
+
+
+def test_a_stop_of_the_batch_reaches_the_job_at_work(tmp_path):
+    """A drain's runner ends a batch that outlasts its timeout with SIGTERM to the
+    batch's process group. The job at work must get it too, so that the batch ends
+    at once and gives the job back, rather than wait for the job's own end."""
+    noted = tmp_path / "job.pid"
+    ended = tmp_path / "states.json"
+
+    def long_job(job):
+        noted.write_text(str(os.getpid()))
+        time.sleep(60)
+        return ok(job)
+
+    batch = batch_in_its_own_group(MemoryBackend(["a", "b"]), long_job, ended, job_timeout=600.0)
+    try:
+        wait_for(lambda: noted.exists() and noted.read_text(), 30, "the job started")
+        os.killpg(batch, signal.SIGTERM)
+        stopped = time.monotonic()
+        wait_for(lambda: os.waitpid(batch, os.WNOHANG)[0] == batch, 10, "the batch ended after its SIGTERM")
+        assert time.monotonic() - stopped < 10
+        assert not alive(int(noted.read_text())), "the job's process outlived its batch"
+        report = json.loads(ended.read_text())
+        assert [job["state"] for job in report["jobs"]] == ["ready", "ready"]  # given back, not failed
+        assert [job["error"] for job in report["jobs"]] == [None, None]
+        assert report["code"] == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.killpg(batch, signal.SIGKILL)
+            os.waitpid(batch, 0)
+
+
+class LosesTheQueueAtFirstDone(MemoryBackend):
+    """The queue's connection is lost while the first job's outcome is recorded."""
+
+    def done(self, job, result):
+        raise batchq_queue.QueueError("server closed the connection unexpectedly")
+
+    def start(self, job):
+        self.calls.append("start %s" % job.id)
+
+
+def test_a_queue_lost_starts_no_more_jobs(capsys):
+    backend = LosesTheQueueAtFirstDone(["a", "b", "c"])
+    assert run(backend, ok) == 1
+    assert [call for call in backend.calls if call.startswith("start")] == ["start 0"]
+    assert states(backend) == ["claimed", "ready", "ready"]  # the first's outcome is unknown to the queue
+    err = capsys.readouterr().err
+    assert "the queue failed: done: server closed the connection unexpectedly" in err
+    assert '"done": 0' in err
+
+
+def test_a_batch_runs_its_jobs_in_one_worker_and_a_new_one_after_a_crash():
+    backend = MemoryBackend(["a", "b", "segv", "c", "exit", "d"])
+
+    def pid_of(job):
+        if job.payload in ("segv", "exit"):
+            crash(job)
+        return {"pid": os.getpid()}
+
+    assert run(backend, pid_of, max_attempts=1) == 0
+    pids = [json.loads(job["results"][0])["pid"] if job["results"] else None for job in backend.jobs.values()]
+    assert pids[0] == pids[1] != os.getpid()  # one worker, never the batch itself
+    assert pids[3] not in (None, pids[0])  # a new worker after the crash
+    assert pids[5] not in (None, pids[3])  # and after a job's sys.exit()
+    assert states(backend) == ["done", "done", "dead", "done", "dead", "done"]
 
 
 def test_a_job_stopped_with_its_batch_is_released_not_failed():
@@ -391,3 +489,62 @@ def test_the_stand_in_crashes_and_raises_on_request():
     assert batchq_queue.main(["--max-attempts", "1"], None, make_backend=lambda args: backend) == 0
     assert states(backend) == ["dead", "dead", "done", "done"]
     assert "SIGSEGV" in backend.jobs[0]["error"] and "ValueError" in backend.jobs[1]["error"]
+
+
+def test_a_crash_is_seen_though_a_helper_holds_the_report_pipe():
+    backend = MemoryBackend(["a", "b"])
+
+    def crash_beside_a_helper(job):
+        if job.payload == "a":
+            if os.fork() == 0:
+                time.sleep(30)  # holds the report pipe open: no end of file comes
+                os._exit(0)
+            os._exit(4)
+        return ok(job)
+
+    started = time.monotonic()
+    assert run(backend, crash_beside_a_helper, job_timeout=20.0, max_attempts=1) == 0
+    assert time.monotonic() - started < 10  # not the job's timeout
+    assert states(backend) == ["dead", "done"]
+    assert "ended with status 4" in backend.jobs[0]["error"]
+
+
+# A batch of one 20 s job on the in-memory queue; at its end it writes the job's state to argv[1].
+TWENTY_SECOND_BATCH = """
+import json, sys, time
+import batchq_queue
+
+backend = batchq_queue.MemoryBackend(["slow"])
+
+def process(job):
+    time.sleep(20)
+    return {}
+
+try:
+    code = batchq_queue.main(["--job-timeout", "600"], process, make_backend=lambda args: backend)
+finally:
+    with open(sys.argv[1], "w") as out:
+        json.dump(backend.jobs[0], out)
+sys.exit(code)
+"""
+
+
+def test_a_drains_timeout_reaches_the_job_and_gives_it_back(tmp_path):
+    """The drain's runner (batchq-drain) ends a batch past its timeout (3 s) with SIGTERM
+    to the batch's process group, and SIGKILL after the stop timeout (10 s). The job at
+    work must end with the SIGTERM, so that the batch gives it back, long before the SIGKILL."""
+    script = tmp_path / "batch.py"
+    script.write_text(TWENTY_SECOND_BATCH)
+    state = tmp_path / "job.json"
+    env = {key: value for key, value in os.environ.items() if key != "INVOCATION_ID"}  # no systemd here
+    env["PYTHONPATH"] = os.path.dirname(batchq_queue.__file__)
+    started = time.monotonic()
+    runner = subprocess.Popen([sys.executable, RUNNER, "75", "3000000", "10000000", "--",
+                               sys.executable, str(script), str(state)], env=env)
+    try:
+        assert runner.wait(timeout=60) == -signal.SIGTERM  # the run failed at its timeout, as systemd's would
+    finally:
+        runner.kill()
+    assert time.monotonic() - started < 9  # 3 s and the batch's own end, not the stop timeout's 10 s more
+    job = json.loads(state.read_text())
+    assert job["state"] == "ready" and job["attempts"] == 1 and job["error"] is None
