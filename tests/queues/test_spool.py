@@ -7,8 +7,11 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -67,18 +70,32 @@ def put(top, name, data=b"{}\n"):
         handle.write(data)
 
 
+# A batch may use this much address space: one that reads a hostile file without bound fails, not the machine.
+MEMORY_BYTES = 1 << 30
+
+
+def bounded_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+
+
 def start(top, *arguments, program=CONSUMER):
     env = dict(os.environ, STATE_DIRECTORY=str(top.parent / "state"))
     env.pop("INVOCATION_ID", None)
     return subprocess.Popen([sys.executable, program, "--spool", str(top), "--backoff-min", "0.01",
                              "--backoff-max", "0.02", *arguments], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
+                            preexec_fn=bounded_memory)
 
 
-def batch(top, *arguments, program=CONSUMER):
-    """One batch to its end: (exit code, stderr)."""
+def batch(top, *arguments, program=CONSUMER, timeout=60):
+    """One batch to its end: (exit code, stderr). A batch that outlasts timeout is killed, and the test fails."""
     process = start(top, *arguments, program=program)
-    _out, err = process.communicate(timeout=60)
+    try:
+        _out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # and the work's process dies with its batch
+        _out, err = process.communicate()
+        raise AssertionError("the batch hung for %gs: %s" % (timeout, err)) from None
     return process.returncode, err
 
 
@@ -99,7 +116,9 @@ def records(top):
 
 
 def results(top):
-    return {name: json.loads((top / "done" / name).read_text()) for name in os.listdir(top / "done")}
+    """The results of done/: its regular files (a FIFO or a link planted there is never opened)."""
+    return {name: json.loads((top / "done" / name).read_text()) for name in os.listdir(top / "done")
+            if stat.S_ISREG(os.lstat(top / "done" / name).st_mode)}
 
 
 def listing(top):
@@ -205,6 +224,7 @@ def test_names_the_spool_does_not_own_are_said_and_left_alone(top):
     (["--backoff-min", "5", "--backoff-max", "1"], "--backoff-max"), (["--max-seconds", "-1"], "--max-seconds"),
     (["--backlog-exit-code", "1"], "--backlog-exit-code"), (["--job-timeout", "0"], "--job-timeout"),
     (["--records-bytes", "10"], "--records-bytes"), (["--spool", "/nonexistent"], "--spool"),
+    (["--keep-done-days", "-1"], "--keep-done-days"), (["--keep-done-days", "nan"], "--keep-done-days"),
 ])
 def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(top, arguments, named):
     enqueue(top, "3")
@@ -229,11 +249,13 @@ def test_a_stopped_batch_gives_back_the_attempts_of_files_it_did_not_start(top):
     enqueue(top, "20", "--sleep", "0.2")
     process = start(top, "--limit", "100")
     wait_for(lambda: os.listdir(top / "done"), 30, "a file done")
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)  # the library forwards it to the work at hand
     _out, err = process.communicate(timeout=30)
     assert process.returncode == 75, err
     left = listing(top)["incoming"]
-    assert left and all("~" not in name for name in left), left
+    # the file whose work the stop ended keeps its attempt, due at once; the others get theirs back
+    assert len(left) > 1 and [name for name in left if "~" in name] in ([], [left[0].split("~")[0] + "~1"]), left
+    left = sorted(name.split("~")[0] for name in left)
     assert len(left) + len(listing(top)["done"]) == 20 and listing(top)["claims"] == []
     (end,) = [r for r in records(top) if r["event"] == "end"]
     assert end["outcome"] == "terminated" and sorted(n.split("~")[0] for n in end["left"]) == left
@@ -250,8 +272,9 @@ def test_a_killed_batchs_claim_is_taken_back_the_file_at_work_counted(top):
     enqueue(top, "2", "--prefix", "c")
     stuck = start(top, "--limit", "10")
     claims = top / "claims"
-    wait_for(lambda: [lock for lock in claims.glob("*/lock") if lock.read_text() == "b-000001.json~1\n"], 30,
-             "the batch to note b-000001.json")
+    # the note is the name's bytes in hex
+    wait_for(lambda: [lock for lock in claims.glob("*/lock") if lock.read_text() == b"b-000001.json~1".hex() + "\n"],
+             30, "the batch to note b-000001.json")
     # what it finished left its claim at once: only the file at work and those not started are there
     (claim,) = claims.iterdir()
     assert sorted(os.listdir(claim)) == ["b-000001.json~1", "c-000001.json~1", "c-000002.json~1", "lock"]
@@ -295,7 +318,7 @@ def dead_claim(top, note, *names):
 
 def test_a_file_whose_result_is_written_is_never_charged_nor_done_again(top):
     folder = dead_claim(top, b"x~1\n", b"x~1", b"y~1")
-    identity = batchq_spool.identity(str(folder / "x~1"))
+    identity = batchq_spool.identity(os.lstat(folder / "x~1"))
     (top / "done" / "x").write_text(json.dumps({"file": identity, "attempt": 1}))
     assert batch(top)[0] == 0
     (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
@@ -317,9 +340,9 @@ def test_a_file_goes_to_failed_rather_than_over_another_of_its_name(top):
     dead_claim(top, b"", b"x~1")
     put(top, "x", b"newer")
     (top / "done" / "x").write_text('{"file": "another"}')
-    code, err = batch(top)
-    # the claimed one clashed with the newer x in incoming/; the newer one with the result in done/
-    assert code == 1 and "names must be unique" in err, err
+    code, err = batch(top, "--max-attempts", "1")
+    # the claimed one clashed with the newer x in incoming/; the newer one's result was refused, at its last attempt
+    assert code == 1 and "names must be unique" in err and "the queue failed" not in err, err
     assert (top / "done" / "x").read_text() == '{"file": "another"}'
     assert sorted(batchq_spool.parse(n)[:2] for n in listing(top)["failed"]) == [("x", 1), ("x", 1)]
     assert listing(top)["incoming"] == listing(top)["claims"] == []
@@ -344,3 +367,232 @@ def test_the_guides_consumer_runs_as_written(top, tmp_path):
     # a result that is a JSON object is stored with what says which file and attempt it is
     assert {name: result["sha256"] for name, result in results(top).items()} == {
         "a.json": hashlib.sha256(b"one").hexdigest(), "b.json": hashlib.sha256(b"two").hexdigest()}
+
+
+# Hostile files: what a member of the spool's group can plant (issue 39)
+
+def snapshot(folder):
+    """Everything a tree holds, never following a link: {path: (kind, mode, size, mtime, content or target)}."""
+    seen = {}
+    for root, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    content = handle.read()
+            else:
+                content = None
+            seen[os.path.relpath(path, folder)] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode),
+                                                   info.st_size, info.st_mtime_ns, content)
+    return seen
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A folder beside the spool, not in it, with a file a link may point to."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "secret").write_bytes(b'{"n": "secret"}\n')
+    return folder
+
+
+def plant(kind, path, target):
+    if kind == "link":
+        os.symlink(target, path)
+    elif kind == "dangling link":
+        os.symlink("/nonexistent", path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        os.mkdir(path)
+        (path / "inner").write_bytes(b"{}")
+    else:
+        raise AssertionError(kind)
+
+
+def kind_of(path):
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "dangling link" if os.readlink(path) == "/nonexistent" else "link"
+    return {stat.S_IFIFO: "fifo", stat.S_IFDIR: "folder", stat.S_IFREG: "file"}[stat.S_IFMT(info.st_mode)]
+
+
+def test_a_dangling_link_in_incoming_goes_to_failed_and_the_files_beside_it_are_done(top):
+    """Issue 39, item 1: it stalled the whole spool for ever."""
+    os.symlink("/nonexistent", top / "incoming" / "aaa")
+    put(top, "b.json")
+    put(top, "c.json")
+    code, err = batch(top)
+    assert code == 0, err
+    assert sorted(results(top)) == ["b.json", "c.json"]
+    assert listing(top)["failed"] == ["aaa"] and os.readlink(top / "failed" / "aaa") == "/nonexistent"
+    assert [line for line in err.splitlines() if line.startswith("aaa: ") and "moved to failed/" in line], err
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling link", "fifo", "folder"])
+def test_anything_but_a_regular_file_in_incoming_goes_to_failed_unread(top, outside, kind):
+    """Issue 39, item 4: a link in incoming/ was followed, and its target's digest landed in done/."""
+    before = snapshot(outside)
+    plant(kind, top / "incoming" / "x.json", outside / "secret")
+    put(top, "y.json")
+    code, err = batch(top, "--max-attempts", "1", "--job-timeout", "5")
+    assert code == 0, err
+    assert sorted(results(top)) == ["y.json"]
+    assert listing(top)["failed"] == ["x.json"] and kind_of(top / "failed" / "x.json") == kind
+    assert listing(top)["incoming"] == listing(top)["claims"] == []
+    assert snapshot(outside) == before
+
+
+def test_a_link_planted_in_claims_is_never_followed(top, outside):
+    """Issue 39, item 4: a link in claims/ to a folder shaped like a dead claim made a batch move a
+    file out of that folder and unlink others."""
+    (outside / "lock").write_bytes(b"")  # free, as a dead batch's lock is
+    for name in ("x~1", "y~1", "z~2~5", ".result"):
+        (outside / name).write_bytes(b"{}")
+    before = snapshot(outside)
+    os.symlink(outside, top / "claims" / "planted")
+    put(top, "a.json")
+    code, err = batch(top)
+    assert code == 0, err
+    assert snapshot(outside) == before
+    assert sorted(results(top)) == ["a.json"] and listing(top)["incoming"] == []
+    assert listing(top)["claims"] == [] and listing(top)["failed"] == ["planted"]
+    assert os.readlink(top / "failed" / "planted") == str(outside)
+
+
+def test_a_claim_folder_whose_lock_is_a_link_is_left_alone(top, outside):
+    """Not a batch's claim: its lock is never opened through the link, its files stay, and stderr says so."""
+    folder = dead_claim(top, b"", b"x~1")
+    os.unlink(folder / "lock")
+    os.symlink(outside / "secret", folder / "lock")
+    before = snapshot(outside)
+    put(top, "a.json")
+    code, err = batch(top)
+    assert code == 0, err
+    assert snapshot(outside) == before and sorted(os.listdir(folder)) == ["lock", "x~1"]
+    assert sorted(results(top)) == ["a.json"] and "claims/dead: not taken back: " in err, err
+
+
+@pytest.mark.parametrize("occupant", ["fifo", "link to /dev/zero", "link to a forged result", "folder"])
+def test_what_holds_a_files_name_in_done_is_never_opened_and_fails_that_file_alone(top, outside, occupant):
+    """Issue 39, item 2: a FIFO at done/NAME hung the batch itself, outside --job-timeout, and a link
+    to /dev/zero ate memory. The file's result is refused (its name is taken): that file fails, alone."""
+    put(top, "a.json")
+    put(top, "b.json")
+    target = top / "done" / "a.json"
+    if occupant == "fifo":
+        os.mkfifo(target)
+    elif occupant == "link to /dev/zero":
+        os.symlink("/dev/zero", target)
+    elif occupant == "link to a forged result":
+        # a result that names a.json itself (its inode and mtime), which the spool would trust as done
+        info = os.lstat(top / "incoming" / "a.json")
+        (outside / "secret").write_text(json.dumps({"file": "%d:%d" % (info.st_ino, info.st_mtime_ns)}))
+        os.symlink(outside / "secret", target)
+    else:
+        os.mkdir(target)
+    before = snapshot(outside)
+    code, err = batch(top, "--max-attempts", "1", timeout=30)
+    assert code == 0 and "the queue failed" not in err, err
+    assert sorted(results(top)) == ["b.json"] and listing(top)["failed"] == ["a.json~1"]
+    assert "a.json: attempt 1 failed: its result was refused" in err
+    assert listing(top)["done"] == ["a.json", "b.json"] and listing(top)["claims"] == []
+    assert snapshot(outside) == before
+
+
+def test_a_name_taken_in_done_fails_that_file_alone_with_its_backoff(top):
+    """Issue 39, item 8: a name clash in done/ failed the whole batch (exit 1, no backoff), and the
+    file went dead later as "attempts ran out in batches that died"."""
+    (top / "done" / "x").write_text('{"file": "another"}')
+    put(top, "x")
+    put(top, "y")
+    code, err = batch(top, "--max-attempts", "2")
+    assert code == 0 and "the queue failed" not in err, err
+    assert "x: attempt 1 failed: its result was refused: " in err and sorted(results(top)) == ["x", "y"]
+    (back,) = listing(top)["incoming"]
+    assert batchq_spool.parse(back)[:2] == ("x", 1)
+    wait_for(lambda: batchq_spool.parse(back)[2] <= time.time() * 1000, 5, "x to be due")
+    code, err = batch(top, "--max-attempts", "2")
+    assert code == 1 and "the queue failed" not in err, err  # it did none of what it claimed: an outage
+    assert "x: attempt 2 failed: its result was refused: " in err and "(failed for good)" in err
+    assert listing(top)["failed"] == ["x~2"] and listing(top)["incoming"] == []
+    assert (top / "done" / "x").read_text() == '{"file": "another"}'
+
+
+def test_a_file_whose_name_holds_a_newline_is_charged_when_its_batch_is_killed(top):
+    """Issue 39, item 3: the note of the file at work was cut at its first newline, so a take-back
+    never charged it, and a file that kills its batch was retried for ever."""
+    name = "a\nb.json"
+    put(top, name, b'{"sleep": 30, "sleep_attempts": 1}')
+    stuck = start(top)
+    try:
+        # the note is written before the work's process starts
+        wait_for(lambda: children(stuck.pid) and [lock for lock in (top / "claims").glob("*/lock") if lock.stat().st_size],
+                 30, "the work's process to start")
+    finally:
+        os.killpg(stuck.pid, signal.SIGKILL)
+        stuck.communicate(timeout=30)
+    code, err = batch(top, "--backoff-min", "60", "--backoff-max", "60", "--job-timeout", "2")
+    assert code == 0, err
+    (taken,) = [t for r in records(top) if r["event"] == "claim" for t in r["taken_back"]]
+    assert (taken["working"], taken["counted"], taken["refunded"]) == (name + "~1", [name + "~1"], [])
+    (back,) = listing(top)["incoming"]
+    base, attempts, due = batchq_spool.parse(back)
+    assert (base, attempts) == (name, 1) and due > (time.time() + 20) * 1000
+
+
+def test_results_older_than_keep_done_days_are_pruned_by_a_batch(top, outside):
+    """Issue 39, item 15: done/ grew without bound."""
+    old = time.time() - 31 * 86400
+    for name in ("old-1", "old-2", "fresh"):
+        (top / "done" / name).write_text('{"file": "1:1"}')
+    os.symlink(outside / "secret", top / "done" / "old-link")
+    for name in ("old-1", "old-2", "old-link"):
+        os.utime(top / "done" / name, (old, old), follow_symlinks=False)
+    before = snapshot(outside)
+    put(top, "a.json")
+    code, err = batch(top, "--keep-done-days", "30")
+    assert code == 0, err
+    # only regular files go: a link there is left for a person, and never followed
+    assert listing(top)["done"] == ["a.json", "fresh", "old-link"]
+    assert snapshot(outside) == before
+    (end,) = [r for r in records(top) if r["event"] == "end"]
+    assert end["pruned"] == 2
+    # a batch scans done/ at most once an hour: the next one leaves an old result for later
+    (top / "done" / "old-3").write_text("{}")
+    os.utime(top / "done" / "old-3", (old, old))
+    assert batch(top, "--keep-done-days", "30")[0] == 0
+    assert "old-3" in listing(top)["done"]
+
+
+def test_a_batch_prunes_a_bounded_number_of_results_and_the_next_goes_on(top):
+    old = time.time() - 3 * 86400
+    for n in range(5):
+        (top / "done" / ("r%d" % n)).write_text("{}")
+        os.utime(top / "done" / ("r%d" % n), (old, old))
+    (top / "done" / "young").write_text("{}")
+    done = os.open(top / "done", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert batchq_spool.prune_done(done, time.time() - 86400, 3) == (3, False)
+        assert len(os.listdir(top / "done")) == 3
+        assert batchq_spool.prune_done(done, time.time() - 86400, 3) == (2, True)
+    finally:
+        os.close(done)
+    assert listing(top)["done"] == ["young"]
+
+
+def test_the_documented_way_to_prune_done_by_hand_works(top, outside):
+    """The module's docstring says how to prune done/ by hand; run it as written there."""
+    (command,) = [line.strip() for line in batchq_spool.__doc__.splitlines() if line.strip().startswith("find ")]
+    old = time.time() - 40 * 86400
+    (top / "done" / "old").write_text("{}")
+    os.symlink(outside / "secret", top / "done" / "old-link")
+    (top / "done" / "fresh").write_text("{}")
+    for name in ("old", "old-link"):
+        os.utime(top / "done" / name, (old, old), follow_symlinks=False)
+    before = snapshot(outside)
+    subprocess.run(command.replace("SPOOL", shlex.quote(str(top))), shell=True, check=True)
+    assert listing(top)["done"] == ["fresh", "old-link"] and snapshot(outside) == before
