@@ -11,8 +11,10 @@ What only this fake checks (moto does not, or not exactly):
 - a DeleteMessageBatch entry that fails once, when asked;
 - FIFO groups: a group with a message in flight gives nothing;
 - a message SQS refuses: a character outside XML 1.0's in its body or an
-  attribute value, an empty String or Number value, or a body and attributes
-  of more than 256 KiB together.
+  attribute value, an empty String or Number value, more than 10 attributes,
+  or a body and attributes of more than 256 KiB together;
+- message attributes given back only when a receive asks for them
+  (MessageAttributeNames), as SQS does.
 What the tests check against moto instead: a whole drain through boto3 and
 HTTP, redrive policies read at start, the dead-letter queue filled, the
 property test's runs on a real (if lenient) SQS, and the DynamoDB results
@@ -35,6 +37,9 @@ ACCOUNT = "123456789012"
 SQS_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*\\Z")
 # A message's body and attributes (names, types and values) together, in bytes.
 MOST_BYTES = 262144
+MOST_ATTRIBUTES = 10
+# SQS's default MessageRetentionPeriod: 4 days.
+RETENTION = 345600
 
 
 def error(code, operation, message=""):
@@ -54,10 +59,11 @@ class Message:
 
 
 class Queue:
-    def __init__(self, name, fifo, redrive):
+    def __init__(self, name, fifo, redrive, retention):
         self.name = name
         self.fifo = fifo
         self.redrive = redrive
+        self.retention = retention
         self.messages = []
 
 
@@ -90,17 +96,19 @@ class FakeSQS:
     def url(self, name):
         return "https://sqs.fake/%s/%s" % (ACCOUNT, name)
 
-    def create_queue(self, name, dlq=None, max_receive=None):
+    def create_queue(self, name, dlq=None, max_receive=None, retention=RETENTION):
         redrive = None
         if dlq:
             redrive = {"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:%s:%s" % (ACCOUNT, dlq),
                        "maxReceiveCount": max_receive}
-        self.queues[self.url(name)] = Queue(name, name.endswith(".fifo"), redrive)
+        self.queues[self.url(name)] = Queue(name, name.endswith(".fifo"), redrive, retention)
         return self.url(name)
 
-    def add(self, url, body, group=None):
+    def add(self, url, body, group=None, attributes=None):
+        """A message as a producer sends it; attributes as SendMessage's MessageAttributes."""
         queue = self.queues[url]
-        message = Message(next(self.numbers), body, group, {})
+        self.check_message("SendMessage", body, attributes or {})
+        message = Message(next(self.numbers), body, group, dict(attributes or {}))
         queue.messages.append(message)
         return message
 
@@ -128,6 +136,9 @@ class FakeSQS:
         """Raise as SQS does for a message it refuses."""
         if not body or not SQS_TEXT.match(body):
             raise error("InvalidParameterValue", operation, "the body is empty or has invalid characters")
+        if len(attributes) > MOST_ATTRIBUTES:
+            raise error("InvalidParameterValue", operation, "%d attributes, more than %d" % (
+                len(attributes), MOST_ATTRIBUTES))
         size = len(body.encode("utf-8"))
         for name, attribute in attributes.items():
             size += len(name.encode("utf-8")) + len(attribute["DataType"].encode("utf-8"))
@@ -155,7 +166,8 @@ class FakeSQS:
     def get_queue_attributes(self, **params):
         queue = self.check("GetQueueAttributes", params)
         attributes = {"FifoQueue": "true" if queue.fifo else "false",
-                      "ApproximateNumberOfMessages": str(sum(not self.in_flight(m) for m in queue.messages))}
+                      "ApproximateNumberOfMessages": str(sum(not self.in_flight(m) for m in queue.messages)),
+                      "MessageRetentionPeriod": str(queue.retention)}
         if queue.redrive:
             attributes["RedrivePolicy"] = json.dumps(queue.redrive)
         if not queue.fifo:
@@ -192,9 +204,12 @@ class FakeSQS:
             message.receives += 1
             message.handle = "handle-%d" % next(self.handles)
             message.visible_at = self.ms + 1000 * params.get("VisibilityTimeout", 30)
-            given.append({"MessageId": message.id, "ReceiptHandle": message.handle, "Body": message.body,
-                          "Attributes": dict({"ApproximateReceiveCount": str(message.receives)},
-                                             **({"MessageGroupId": message.group} if message.group else {}))})
+            reply = {"MessageId": message.id, "ReceiptHandle": message.handle, "Body": message.body,
+                     "Attributes": dict({"ApproximateReceiveCount": str(message.receives)},
+                                        **({"MessageGroupId": message.group} if message.group else {}))}
+            if message.attributes and "All" in params.get("MessageAttributeNames", []):
+                reply["MessageAttributes"] = dict(message.attributes)
+            given.append(reply)
         return {"Messages": given} if given else {}
 
     def change_message_visibility(self, **params):
