@@ -175,7 +175,7 @@ def test_on_sqs(moto_url):
 
             drain(backend, jobs, options(case["limit"], max_attempts), log, empty)
             results = sorted(json.load(open(os.path.join(folder, "results", name)))["i"]
-                             for name in os.listdir(os.path.join(folder, "results")))
+                             for name in os.listdir(os.path.join(folder, "results")) if name.endswith(".json"))
             assert results == [i for i, step in enumerate(jobs) if innocent(step, max_attempts)]
             dead = []
             while True:
