@@ -509,12 +509,13 @@ def test_a_name_taken_in_done_fails_that_file_alone_with_its_backoff(top):
     (top / "done" / "x").write_text('{"file": "another"}')
     put(top, "x")
     put(top, "y")
-    code, err = batch(top, "--max-attempts", "2")
+    # a backoff of 1 to 2 s: x is not due again before the batch ends, so nothing more waits (exit 0)
+    code, err = batch(top, "--max-attempts", "2", "--backoff-min", "2", "--backoff-max", "2")
     assert code == 0 and "the queue failed" not in err, err
     assert "x: attempt 1 failed: its result was refused: " in err and sorted(results(top)) == ["x", "y"]
     (back,) = listing(top)["incoming"]
     assert batchq_spool.parse(back)[:2] == ("x", 1)
-    wait_for(lambda: batchq_spool.parse(back)[2] <= time.time() * 1000, 5, "x to be due")
+    wait_for(lambda: batchq_spool.parse(back)[2] <= time.time() * 1000, 10, "x to be due")
     code, err = batch(top, "--max-attempts", "2")
     assert code == 1 and "the queue failed" not in err, err  # it did none of what it claimed: an outage
     assert "x: attempt 2 failed: its result was refused: " in err and "(failed for good)" in err
