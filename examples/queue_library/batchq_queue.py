@@ -187,6 +187,13 @@ def clean_text(text):
     return text[:ERROR_CHARS - len(said)] + said
 
 
+def shown(job_id):
+    """A job's id on one line of stderr: as it is when printable, else quoted with escapes
+    (a file's name may hold a newline)."""
+    text = str(job_id)
+    return text if text.isprintable() else json.dumps(text)
+
+
 def error_text(exc):
     """What a job's failure says, whatever its class and text."""
     try:
@@ -595,7 +602,8 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
                     except Refused as exc:
                         kind, text = "failed", "its result was refused: %s" % clean_text(str(exc))
                 if kind == "failed":
-                    print("batchq: job %s attempt %d failed: %s" % (job.id, job.attempts, text), file=sys.stderr)
+                    print("batchq: job %s attempt %d failed: %s" % (shown(job.id), job.attempts, text),
+                          file=sys.stderr)
                     if job.group is not None:
                         blocked.add(job.group)
                     if job.attempts >= args.max_attempts:

@@ -548,3 +548,15 @@ def test_a_drains_timeout_reaches_the_job_and_gives_it_back(tmp_path):
     assert time.monotonic() - started < 9  # 3 s and the batch's own end, not the stop timeout's 10 s more
     job = json.loads(state.read_text())
     assert job["state"] == "ready" and job["attempts"] == 1 and job["error"] is None
+
+
+def test_a_job_id_that_is_not_printable_stays_on_one_line_of_stderr(capsys):
+    backend = MemoryBackend(["a"])
+    backend.jobs["two\nlines"] = backend.jobs.pop(0)
+    assert run(backend, crash_always, max_attempts=1) == 1
+    failed = [line for line in capsys.readouterr().err.splitlines() if "attempt 1 failed" in line]
+    assert failed == ['batchq: job "two\\nlines" attempt 1 failed: ValueError: no']
+
+
+def crash_always(job):
+    raise ValueError("no")

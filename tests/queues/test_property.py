@@ -117,7 +117,7 @@ def check_runs(jobs, max_attempts, log):
         assert runs.count(index) == (1 if innocent(step, max_attempts) else 0), (index, step)
 
 
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan)
 @example({"jobs": [("raise", 3, "\ud800"), ("ok",)], "limit": 1, "max_attempts": 1})
 @example({"jobs": [("hang",), ("segv",), ("flood",)], "limit": 4, "max_attempts": 2})
@@ -148,7 +148,7 @@ def test_on_sqs(moto_url):
     sqs = boto3.client("sqs", endpoint_url=moto_url, region_name="us-east-1",
                        aws_access_key_id="testing", aws_secret_access_key="testing")
 
-    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(plan)
     @example({"jobs": [("segv",), ("flaky", 1), ("ok",)], "limit": 2, "max_attempts": 2})
     def run(case):
@@ -199,7 +199,7 @@ def read(job):
         return handle.read()
 
 
-@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan)
 @example({"jobs": [("hang",), ("segv",), ("flaky", 1), ("ok",)], "limit": 2, "max_attempts": 2})
 def test_on_a_spool(case):
