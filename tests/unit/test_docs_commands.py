@@ -1,4 +1,4 @@
-"""What the README, CONTRIBUTING.md and the guides show works as shown.
+"""What the READMEs (the collection's and the role's), CONTRIBUTING.md and the guides show works as shown.
 
 Checked without hosts: every consumer_list in their YAML examples passes the
 collection's own validation, every `make TARGET` is a target of the Makefile,
@@ -16,7 +16,7 @@ import yaml
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import normalize_consumers
 
 ROOT = pathlib.Path(__file__).parents[2]
-DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"] + sorted((ROOT / "docs" / "docsite" / "rst").glob("*.rst"))
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "roles" / "consumer" / "README.md"] + sorted((ROOT / "docs" / "docsite" / "rst").glob("*.rst"))
 TOP_FOLDERS = ("benchmarks", "changelogs", "demo", "docs", "examples", "molecule", "playbooks", "plugins",
                "requirements", "roles", "tests", "tools")
 
@@ -48,7 +48,7 @@ def examples():
     for path in DOCS:
         for number, block in enumerate(yaml_blocks(path)):
             for consumers, defaults in consumer_lists(yaml.safe_load(block)):
-                yield pytest.param(consumers, defaults, id="%s-%d" % (path.name, number))
+                yield pytest.param(consumers, defaults, id="%s-%d" % (path.relative_to(ROOT), number))
 
 
 def literals():
