@@ -15,6 +15,8 @@ DOCS_VENV ?= $(CACHE)/docs-venv
 QUEUES_VENV ?= $(CACHE)/queues-venv
 # Debian 11's boto3 and botocore (requirements/queues-debian11.txt): batchq-sqs runs under them too.
 DEBIAN11_VENV ?= $(CACHE)/queues-debian11-venv
+# galaxy-importer and ansible-builder (requirements/release.txt) in a venv of their own.
+RELEASE_VENV ?= $(CACHE)/release-venv
 SCENARIOS ?= default info faults drain fleet
 # The controller for ansible-core 2.20 and later, which need Python 3.12+.
 CONTROLLER_IMAGE ?= batchq/controller:trixie
@@ -34,7 +36,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export HYPOTHESIS_STORAGE_DIRECTORY := $(CACHE)/hypothesis
 export DOCS_VENV
 
-.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue queues rules molecule images controller-image engine collection docs-collection clean
+.PHONY: test matrix demo demo-down docs lint changelog sanity unit pgqueue queues rules molecule images controller-image engine collection docs-collection release-check release clean
 
 # lint and the alert rules once, while the images build; unit, sanity and
 # molecule under every supported ansible-core (tools/matrix.sh).
@@ -70,6 +72,11 @@ $(DEBIAN11_VENV)/.installed: requirements/queues-debian11.txt
 	$(DEBIAN11_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/queues-debian11.txt
 	touch $@
 
+$(RELEASE_VENV)/.installed: requirements/release.txt
+	$(PYTHON) -m venv $(RELEASE_VENV)
+	$(RELEASE_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-compile -r requirements/release.txt
+	touch $@
+
 $(DOCS_VENV)/.installed: requirements/docs.txt
 	$(PYTHON) -m venv $(DOCS_VENV)
 	$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/docs.txt
@@ -94,8 +101,7 @@ controller-image: engine
 define build_collection
 	rm -rf $(CACHE)/build $(CACHE)/collections/ansible_collections/batchq $(ANSIBLE_HOME)/collections
 	$(1) collection build --force --output-path $(CACHE)/build . >/dev/null
-	@! tar -tzf $(TARBALL) | grep -vxE 'tests/(config\.yml|sanity/(ignore-2\.[0-9]+\.txt)?)?' \
-	  | grep -E '^(molecule|tests|tools|requirements|\.ci|\.cache)/' || { echo "test files in the tarball" >&2; exit 1; }
+	python3 tools/release.py contents $(TARBALL)
 	$(1) collection install --force -p $(CACHE)/collections $(TARBALL) >/dev/null
 	@echo "installed $(TARBALL)"
 endef
@@ -118,6 +124,20 @@ lint: collection $(DOCS_VENV)/.installed
 	antsibull-changelog lint
 	tools/changelog.sh check
 	tools/docs.sh lint
+
+# Galaxy's importer, ansible-builder's introspection and an execution
+# environment's build context, on a tarball of the work tree built with the
+# placeholder addresses of galaxy.yml (tools/release.py; make test runs it).
+release-check: $(RELEASE_VENV)/.installed
+	$(RELEASE_VENV)/bin/python tools/release.py check
+
+# The release tarball in .cache/release/dist, from HEAD, with the project's
+# addresses: make release REPOSITORY=https://... [HOMEPAGE=...] [DOCUMENTATION=...]
+# [ISSUES=...] writes them into galaxy.yml. It refuses placeholders, then checks
+# the tarball as release-check does (CONTRIBUTING.md: Releasing).
+release: $(RELEASE_VENV)/.installed
+	REPOSITORY='$(REPOSITORY)' HOMEPAGE='$(HOMEPAGE)' DOCUMENTATION='$(DOCUMENTATION)' ISSUES='$(ISSUES)' \
+	  $(RELEASE_VENV)/bin/python tools/release.py release
 
 # CHANGELOG.rst and changelogs/changelog.yaml from the fragments (tools/changelog.sh).
 changelog: $(VENV)/.installed

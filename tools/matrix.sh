@@ -9,7 +9,8 @@
 # Pythons (the support guide). Two
 # lanes run side by side, each part after part, about half the minutes in each.
 # It builds the images first (`make images controller-image`), and with
-# MATRIX_LINT=1 (`make test`) runs `make lint` meanwhile and `make rules` after.
+# MATRIX_LINT=1 (`make test`) runs `make lint` and `make release-check` (Galaxy's
+# importer and ansible-builder on a tarball) meanwhile and `make rules` after.
 # MATRIX_ONLY=REGEX runs only the parts it matches.
 # Each part logs to .cache/matrix/PART.log; a summary with each part's minutes
 # closes the run, and a failed part fails it.
@@ -109,7 +110,8 @@ failed() { grep -l FAILED "$logs"/*.result 2>/dev/null; }
 start=$SECONDS
 # Each release installs its venv and collection once; then its parts share them.
 # Releases before 2.20 install on this machine, and so does lint: all of that
-# runs while the images build (minutes on a fresh machine). 2.20 and later
+# runs while the images build (minutes on a fresh machine). release-check comes
+# last: once the images are built, it runs beside lint, the longest of them. 2.20 and later
 # install in the controller image, in a lane. The alert rules' check runs
 # in a lane too, after this step, because it may run apt-get, as the engine's
 # install does (one apt at a time).
@@ -121,7 +123,7 @@ for setup in "${setups[@]}"; do
   if [ "$minor" -lt 20 ]; then local_setups+=("$setup"); fi
 done
 options=()
-pool "make images controller-image" ${MATRIX_LINT:+"make lint"} "${local_setups[@]}"
+pool "make images controller-image" ${MATRIX_LINT:+"make lint"} "${local_setups[@]}" ${MATRIX_LINT:+"make release-check"}
 options=(-o collection)
 if ! failed >/dev/null; then
   lane "${first[@]}" &
