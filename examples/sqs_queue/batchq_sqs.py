@@ -335,7 +335,8 @@ def call(made, name, what, **params):
 
 class ResultsTable:
     """Results in a DynamoDB table that every host shares, one item per message id, written once.
-    Each item holds expires_at, days after its put: the table's time to live deletes it then."""
+    Each item holds expires_at, days after its put (none when days is 0): the table's time to live
+    deletes it after then."""
 
     def __init__(self, dynamodb, name, days=RESULTS_DAYS, wall=time.time):
         self.dynamodb = dynamodb
@@ -401,8 +402,9 @@ def as_text(attributes):
 
 class SQSBackend(batchq_queue.Backend):
     """results is the folder of results, or None with table, a ResultsTable. poller is the client of
-    the claim's receives (its read timeout allows for their wait), by default sqs. results_days: the
-    folder's results are pruned that many days after they were stored (0: never)."""
+    the claim's receives (its read timeout allows for their wait), by default sqs. A result is kept
+    results_days (0: for ever): the folder's are pruned after, and setup() refuses fewer days than
+    the queue keeps a message. wall is the clock of the days."""
 
     def __init__(self, sqs, queue_url, results, visibility, wait, now=time.monotonic, table=None,
                  poller=None, results_days=RESULTS_DAYS, wall=time.time):
@@ -448,7 +450,7 @@ class SQSBackend(batchq_queue.Backend):
         if self.table:
             return self.table.problem()
         try:
-            os.makedirs(os.path.join(self.results, BY_DAY), exist_ok=True)
+            os.makedirs(self.results, exist_ok=True)
         except OSError as exc:
             return "--results: cannot make the folder %s: %s" % (self.results, exc.strerror)
         return None
@@ -456,7 +458,7 @@ class SQSBackend(batchq_queue.Backend):
     def claim(self, limit):
         self.prune()
         jobs = {}
-        slices = self.wait  # the long poll's slices left
+        slices = max(1, self.wait // SLICE)  # the long poll's slices left
         # No receive after a SIGTERM: it would charge an attempt to messages the batch gives back.
         while len(jobs) < limit and not batchq_queue.TERM["asked"]:
             most = 1 if self.fifo else min(MOST_MESSAGES, limit - len(jobs))
@@ -561,6 +563,12 @@ class SQSBackend(batchq_queue.Backend):
         work stays bounded however many are due. A day's folder of links goes when it is empty."""
         if self.table or not self.days:
             return
+        try:
+            self.prune_days()
+        except OSError as exc:  # the batch goes on: its results are kept longer, that is all
+            print("batchq-sqs: the prune of %s failed: %s" % (self.results, exc), file=sys.stderr)
+
+    def prune_days(self):
         by_day = os.path.join(self.results, BY_DAY)
         # A day before the one of days ago ended more than days ago, and so did all its results.
         last = time.strftime("%Y-%m-%d", time.gmtime(self.wall() - self.days * DAY))
@@ -571,14 +579,17 @@ class SQSBackend(batchq_queue.Backend):
         left = PRUNE_MOST
         for name in due:
             folder = os.path.join(by_day, name)
-            with os.scandir(folder) as entries:
-                names = [entry.name for entry in itertools.islice(entries, left)]
+            try:
+                with os.scandir(folder) as entries:
+                    names = [entry.name for entry in itertools.islice(entries, left)]
+            except FileNotFoundError:  # another batch removed it
+                continue
             for result in names:
                 remove_result(os.path.join(self.results, result), os.path.join(folder, result))
             left -= len(names)
             if not left:
                 return
-            with contextlib.suppress(OSError):  # another batch removed it first
+            with contextlib.suppress(OSError):  # gone already, or not empty: a later prune tries again
                 os.rmdir(folder)
 
     def failed(self, job, error, delay):
