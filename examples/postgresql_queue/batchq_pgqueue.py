@@ -9,25 +9,49 @@ or BATCHQ_PG_DSN. The password is the run's systemd credential pgpassword
 (the role's credentials: a file in $CREDENTIALS_DIRECTORY, never in the
 environment), or else PGPASSWORD.
 
-A batch works in two transactions on one connection:
+A batch works on one connection, in short transactions of their own:
 1. The claim commits on its own. The jobs become 'running', claimed by this
    batch, with one more attempt counted. The count is durable before any
    work begins. So a batch that dies (SIGSEGV, out of memory, its timeout,
    its host lost) has used that attempt like a job that raises. A job that
    kills every batch ends 'dead' after --max-attempts.
-2. The batch's transaction locks the jobs it claimed (FOR NO KEY UPDATE).
-   Each job's outcome is written in it as the job ends: its result and
-   'done', or 'queued' again after a backoff, or 'dead'. The commit at the
-   end applies them all: a result is applied exactly once.
-Each job's writes run under a savepoint of their own. A result the
-database refuses (a constraint, a NUL byte) fails that job alone.
-A 'running' job that no transaction holds a lock on has lost its batch
-(the lock went with the batch's connection). The next claim takes it back
-at once, CLAIM_GRACE after its claim at the earliest; or makes it 'dead'
-when it has used its last attempt.
+2. Each job's outcome commits on its own, as the job ends: its result and
+   'done' in one transaction, or 'queued' again after a backoff, or 'dead'.
+   A batch killed after N jobs keeps those N done, and charges them nothing
+   more. No transaction is open while a job works, so a long batch holds
+   back no VACUUM.
+A result the database refuses (a constraint, a NUL byte) rolls back its own
+transaction: that job fails (batchq_queue.Refused), and the batch goes on.
 
-Jobs not started (SIGTERM, --max-seconds) go back 'queued' with that commit.
-They keep their attempt, as the contract says.
+How a batch holds its jobs while they work: by its session. Before its
+claim, the batch takes a session-level advisory lock, its claim lock: the
+oid of the job table, and a number drawn at random, which its jobs keep in
+claim_lock.
+The lock goes with the session: when the batch's process dies, when its host
+is lost and the server drops the connection, when the server ends the
+session. A 'running' job whose lock nobody holds has lost its batch. The
+next claim takes it back at once, or makes it 'dead' when it has used its
+last attempt. Why not a lease (a claimed_until that the batch extends every
+second)? It writes every held job each second, and a dead batch's jobs wait
+until the lease runs out. The lock writes nothing, and frees a dead batch's
+jobs as soon as the server knows. A pooler must keep a batch on one server
+session (PgBouncer's session mode, as pooler.yml sets): its reset after the
+batch (DISCARD ALL) releases the lock.
+A 'running' job without claim_lock was claimed by a consumer of before this
+lock. Its batch held it by a row lock in a transaction. It is taken back
+when no transaction locks it, CLAIM_GRACE after its claim at the earliest.
+Upgrade every consumer at once (or pause them): a consumer of before takes
+the jobs of a new batch back CLAIM_GRACE after their claim, though they work.
+
+A lost session (a terminated backend, a server restart, a cut network) ends
+the batch. From then on every call raises QueueError: no other job starts,
+and the job at work is not done, as its outcome cannot commit. A job counts
+as done once its commit returned, never before.
+
+SIGTERM: no claim starts after it. A claim it arrives in is cancelled and
+rolled back: nothing is claimed, no attempt counted. Jobs claimed but not
+started (SIGTERM, --max-seconds) go back 'queued'. They keep their attempt,
+as the contract says.
 
 Its own records (batches.jsonl in $STATE_DIRECTORY, the older ones in
 batches.jsonl.1, at most about twice --records-bytes in all) say which jobs
@@ -39,6 +63,8 @@ import contextlib
 import json
 import math
 import os
+import random
+import select
 import signal
 import socket
 import sys
@@ -46,13 +72,19 @@ import time
 
 try:
     import psycopg
+    WAIT_IN_PYTHON = None
 except ImportError:  # Debian 11 ships psycopg2 only; the calls below are common to both
     import psycopg2 as psycopg
+    import psycopg2.extras
+    # psycopg2 waits for the server in C, where no signal handler runs. With this
+    # callback it waits in Python, and a SIGTERM can cancel the claim at once.
+    # psycopg 3 waits so on its own.
+    WAIT_IN_PYTHON = psycopg2.extras.wait_select
 
 import batchq_queue
 from batchq_queue import QueueError, clean_text
 
-# How quickly a dead peer's connection, and so its row locks, is given up on.
+# How quickly a dead peer's connection, and so its claim lock, is given up on.
 CONNECTION = {
     "connect_timeout": 10,
     # the client notices a silent server, and the server (postgresql.conf
@@ -61,28 +93,41 @@ CONNECTION = {
     # unacknowledged data (a COMMIT sent into a cut cable) gives up after 10 s
     "tcp_user_timeout": 10000,
 }
-# A claim never waits for a lock; no statement runs away; a batch that stops
-# talking mid-transaction (its process hung: its kernel still answers
-# keepalives) is ended by the server, releasing its locks. The batch speaks at
-# least once a second while its jobs work (keep_alive), so this bounds the
-# batch's own pauses, not its work. Set once connected rather than as startup
-# options, which a pooler may refuse (PgBouncer before 1.20 does); what the
-# startup options set (PGOPTIONS, or options= in the DSN) stays as they set it.
-SESSION = (("lock_timeout", "5s"), ("statement_timeout", "30s"), ("idle_in_transaction_session_timeout", "60s"))
-# A claimed job is locked by its batch one round trip after the claim's
-# commit; a 'running' job without a lock is taken back only this long after
-# its claim, so that no claim takes a job in that round trip.
+# A claim never waits long for a lock; no statement runs away. A batch that
+# stops talking (its process hung: its kernel still answers keepalives) is
+# ended by the server, which releases its claim lock. The batch speaks at least
+# once a second while its jobs work (keep_alive), so these bound the batch's own
+# pauses, not its work. idle_session_timeout needs PostgreSQL 14: on 13, a hung
+# batch keeps its jobs until its timeout kills it. Set once connected rather
+# than as startup options, which a pooler may refuse (PgBouncer before 1.20
+# does); what the startup options set (PGOPTIONS, or options= in the DSN) stays
+# as they set it.
+SESSION = (("lock_timeout", "5s"), ("statement_timeout", "30s"), ("idle_in_transaction_session_timeout", "60s"),
+           ("idle_session_timeout", "60s"))
+# A job that a consumer of before claim_lock claimed is taken back only this
+# long after its claim: that batch locked it one round trip after the claim.
 CLAIM_GRACE = 10
 RECORDS = "batches.jsonl"
+# The claim lock's number: drawn from the system's randomness, so that
+# batches forked from one runner (preload) draw different numbers.
+NUMBERS = random.SystemRandom()
 
-# The claim, one transaction: jobs whose batch died and that have no attempt
-# left are dead; then the batch takes jobs whose batch died, and due ones.
+# A session lock of this batch's own; another batch that drew the same number holds it already.
+TAKE_LOCK = "SELECT pg_try_advisory_lock('batchq_jobs'::regclass::oid::int, %s::int)"
+# A running job whose batch is gone: nobody holds its claim lock (trying it
+# holds it until the claim commits, and no new batch draws it meanwhile). Or,
+# claimed by a consumer of before claim_lock, it is CLAIM_GRACE old and no
+# row lock holds it (SKIP LOCKED).
+GONE = """CASE WHEN claim_lock IS NULL THEN claimed_at < now() - %(grace)s * interval '1 second'
+               ELSE pg_try_advisory_xact_lock('batchq_jobs'::regclass::oid::int, claim_lock) END"""
+# The claim, one transaction: jobs whose batch is gone and that have no attempt
+# left are dead; then the batch takes jobs whose batch is gone, and due ones.
 BURY_ABANDONED = """
-    UPDATE batchq_jobs SET state = 'dead', claimed_by = NULL,
-                           last_error = 'its batch ended without finishing it, attempt ' || attempts || ' of ' || %(max)s
+    UPDATE batchq_jobs
+    SET state = 'dead', claimed_by = NULL, claim_lock = NULL,
+        last_error = 'its batch ended without finishing it, attempt ' || attempts || ' of ' || %(max)s
     WHERE id IN (SELECT id FROM batchq_jobs
-                 WHERE queue = %(queue)s AND state = 'running' AND attempts >= %(max)s
-                   AND claimed_at < now() - %(grace)s * interval '1 second'
+                 WHERE queue = %(queue)s AND state = 'running' AND attempts >= %(max)s AND """ + GONE + """
                  FOR NO KEY UPDATE SKIP LOCKED)"""
 # The payload as text: the job decodes it in its own process. A payload Python
 # cannot decode (a 5000-digit number, arrays nested 5000 deep) fails that job
@@ -90,35 +135,31 @@ BURY_ABANDONED = """
 CLAIM = """
     WITH abandoned AS (
         SELECT id FROM batchq_jobs
-        WHERE queue = %(queue)s AND state = 'running' AND claimed_at < now() - %(grace)s * interval '1 second'
+        WHERE queue = %(queue)s AND state = 'running' AND """ + GONE + """
         ORDER BY claimed_at LIMIT %(limit)s FOR NO KEY UPDATE SKIP LOCKED
     ), due AS (
         SELECT id FROM batchq_jobs
         WHERE queue = %(queue)s AND state = 'queued' AND run_at <= now()
         ORDER BY run_at, id LIMIT %(limit)s - (SELECT count(*) FROM abandoned) FOR NO KEY UPDATE SKIP LOCKED
     )
-    UPDATE batchq_jobs SET state = 'running', attempts = attempts + 1, claimed_by = %(me)s, claimed_at = now()
+    UPDATE batchq_jobs SET state = 'running', attempts = attempts + 1, claimed_by = %(me)s,
+                           claim_lock = %(lock)s, claimed_at = now()
     WHERE id IN (SELECT id FROM abandoned UNION ALL SELECT id FROM due)
     RETURNING id, payload::text, attempts"""
-# The batch's transaction: the claimed jobs, locked until its end. It waits for
-# a lock (lock_timeout): another claim that saw the job still queued holds its
-# row lock until that claim's commit, milliseconds later; skipping it would
-# leave the job running without a batch. No claim waits for a lock, so this
-# wait never closes a cycle.
-LOCK = """SELECT id FROM batchq_jobs WHERE id = ANY(%s::bigint[]) AND claimed_by = %s AND state = 'running'
-          FOR NO KEY UPDATE"""
-# clock_timestamp(), not now(): now() is when the batch's transaction began, and a job that
-# failed during the batch with no backoff is due from the moment it failed, later than that.
-DUE_LEFT = """SELECT EXISTS (SELECT FROM batchq_jobs WHERE queue = %s AND state = 'queued'
-                             AND run_at <= clock_timestamp())"""
-# The outcomes, each in the batch's transaction.
-DONE = """UPDATE batchq_jobs SET state = 'done', done_at = clock_timestamp(), done_by = %s, claimed_by = NULL
-          WHERE id = %s"""
-FAILED = """UPDATE batchq_jobs SET state = 'queued', last_error = %s, claimed_by = NULL,
-                                  run_at = clock_timestamp() + %s * interval '1 second' WHERE id = %s"""
-DEAD = """UPDATE batchq_jobs SET state = 'dead', last_error = %s, claimed_by = NULL WHERE id = %s"""
-RELEASE = """UPDATE batchq_jobs SET state = 'queued', claimed_by = NULL WHERE id = ANY(%s::bigint[])"""
-
+# The outcomes: each in a transaction of its own, and only of a job that this batch still holds.
+OURS = "id = %(id)s AND state = 'running' AND claimed_by = %(me)s AND claim_lock = %(lock)s"
+DONE = """UPDATE batchq_jobs SET state = 'done', done_at = now(), done_by = %(me)s, claimed_by = NULL,
+                                 claim_lock = NULL WHERE """ + OURS
+FAILED = """UPDATE batchq_jobs SET state = 'queued', last_error = %(error)s, claimed_by = NULL, claim_lock = NULL,
+                                   run_at = now() + %(delay)s * interval '1 second' WHERE """ + OURS
+DEAD = """UPDATE batchq_jobs SET state = 'dead', last_error = %(error)s, claimed_by = NULL, claim_lock = NULL
+          WHERE """ + OURS
+RELEASE = """UPDATE batchq_jobs SET state = 'queued', claimed_by = NULL, claim_lock = NULL
+             WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running'
+               AND claimed_by = %(me)s AND claim_lock = %(lock)s"""
+# The batch's end: its claim lock goes (a --loop batch keeps the session), and is a due job left?
+FINISH = """SELECT pg_advisory_unlock('batchq_jobs'::regclass::oid::int, %(lock)s::int),
+                   EXISTS (SELECT FROM batchq_jobs WHERE queue = %(queue)s AND state = 'queued' AND run_at <= now())"""
 
 def credential(name):
     """This run's systemd credential name (the role's credentials), or None."""
@@ -201,23 +242,24 @@ def startup_settings(options):
 
 
 def configure_session(conn):
-    """SESSION's settings, for the whole session: a rollback does not undo them
-    (a pooler's reset does, when the batch's connection ends). One statement
-    that reads no catalog: it runs once per batch."""
+    """SESSION's settings, for the whole session (a pooler's reset undoes them when the
+    batch's connection ends), and autocommit: the batch writes its transactions out
+    (BEGIN ... COMMIT), and is in none between them. One statement that reads no
+    catalog: it runs once per batch."""
     given = startup_settings(conn.info.options)
-    settings = [(name, value) for name, value in SESSION if name not in given]
-    if not settings:
-        return
+    settings = [(name, value) for name, value in SESSION if name not in given
+                and (name != "idle_session_timeout" or conn.info.server_version >= 140000)]
     conn.autocommit = True
-    with conn.cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings)),
-                       [value for setting in settings for value in setting])
-    conn.autocommit = False
+    if settings:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings)),
+                           [value for setting in settings for value in setting])
 
 
 def apply_result(cursor, job, result, me):
-    """The database writes of a done job's result, in the batch's transaction; replace them with yours.
-    result is what process(job) returned: a text as it is, anything else as its JSON text."""
+    """The database writes of a done job's result, in the job's own transaction, after its
+    'done' mark; replace them with yours. result is what process(job) returned: a text as it
+    is, anything else as its JSON text."""
     value = json.loads(result) if result.startswith('"') else result
     cursor.execute("INSERT INTO batchq_results (job_id, result, applied_by) VALUES (%s, %s, %s)",
                    (job.id, value, me))
@@ -260,113 +302,208 @@ class PgBackend(batchq_queue.Backend):
                                                            **connection_options()))
         self.conn = None
         self.me = batch_name()
+        self.lock = None  # this batch's claim lock: the number in claim_lock of the jobs it holds
         self.counts = {}
         self.spoke = 0.0
-        self.broken = None
+        self.broken = None  # what lost the session, once it is lost
+        self.claiming = False  # the claim's statements are at the server: a SIGTERM cancels them
         self.due_left = False
 
-    def _gone(self, what, exc):
-        """A statement outside a savepoint failed: the batch's transaction is lost, whatever comes next."""
-        self.broken = self.broken or "%s: %s" % (what, str(exc).strip())
-        return QueueError(self.broken)
+    def on_sigterm(self, signum, frame):
+        """The library's handler; and a claim at the server is cancelled. It then rolls back: nothing is claimed."""
+        batchq_queue.on_sigterm(signum, frame)
+        if self.claiming:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.cancel()
 
     def claim(self, limit):
         self.counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "left": 0}
         self.broken = None
+        if batchq_queue.TERM["asked"]:
+            return []  # stopped before the claim: nothing to roll back
         try:
             if self.conn is None:
                 self.conn = self.connect()
                 configure_session(self.conn)
-            with self.conn.cursor() as cursor:
-                values = {"queue": self.args.queue, "max": self.args.max_attempts, "grace": CLAIM_GRACE,
-                          "limit": limit, "me": self.me}
-                cursor.execute(BURY_ABANDONED, values)
-                cursor.execute(CLAIM, values)
-                claimed = sorted(cursor.fetchall())
-                # Recorded before the commit: every attempt counted has a record of the batch that claimed it.
-                record("claim", self.args.records_bytes, ids=[row[0] for row in claimed])
-                self.conn.commit()  # the attempts are counted, whatever becomes of the batch
-                cursor.execute(LOCK, ([row[0] for row in claimed], self.me))
-                held = {row[0] for row in cursor.fetchall()}
+            claimed = self._claim(limit)
         except psycopg.Error as exc:
+            self._disconnect()  # the server rolls back what the claim began, and drops its lock
+            if batchq_queue.TERM["asked"]:
+                return []  # the SIGTERM cancelled the claim
             record("end", self.args.records_bytes, outcome="error", error=str(exc).strip())
             raise QueueError(str(exc).strip()) from exc
+        if claimed is None:
+            self._disconnect()
+            return []
         self.spoke = time.monotonic()
-        # None lost to another claim, unless this one stalled past CLAIM_GRACE.
-        jobs = [batchq_queue.Job(job_id, payload, attempts) for job_id, payload, attempts in claimed
-                if job_id in held]
+        jobs = [batchq_queue.Job(job_id, payload, attempts) for job_id, payload, attempts in claimed]
         self.counts["claimed"] = len(jobs)
         return jobs
 
-    def keep_alive(self, jobs):
-        # Not idle in the transaction while jobs work: the server's timeout ends a hung batch, not a long one.
-        if jobs and not self.broken and time.monotonic() - self.spoke >= batchq_queue.HEARTBEAT:
-            self._execute("keep_alive", [("SELECT 1", ())])
+    def _claim(self, limit):
+        """The claim's transaction: the jobs claimed and committed, or None when a SIGTERM came
+        before its commit (then the caller drops the connection, and with it the transaction)."""
+        with self.conn.cursor() as cursor:
+            self.lock = None
+            while self.lock is None:
+                number = NUMBERS.randrange(1, 1 << 31)
+                cursor.execute(TAKE_LOCK, (number,))
+                self.lock = number if cursor.fetchone()[0] else None
+            values = {"queue": self.args.queue, "max": self.args.max_attempts, "grace": CLAIM_GRACE,
+                      "limit": limit, "me": self.me, "lock": self.lock}
+            with self._cancellable():
+                cursor.execute("BEGIN")
+                cursor.execute(BURY_ABANDONED, values)
+                cursor.execute(CLAIM, values)
+                claimed = sorted(cursor.fetchall())
+            if batchq_queue.TERM["asked"]:
+                return None
+            # Recorded before the commit: every attempt counted has a record of the batch that claimed it.
+            record("claim", self.args.records_bytes, ids=[row[0] for row in claimed])
+            cursor.execute("COMMIT")  # the attempts are counted, whatever becomes of the batch
+        return claimed
 
-    def _execute(self, what, statements):
+    @contextlib.contextmanager
+    def _cancellable(self):
+        """While the claim's statements are at the server, a SIGTERM's handler runs and cancels them."""
+        self.claiming = True
+        if WAIT_IN_PYTHON:
+            psycopg.extensions.set_wait_callback(WAIT_IN_PYTHON)
+        try:
+            yield
+        finally:
+            self.claiming = False
+            if WAIT_IN_PYTHON:  # only the claim: a connection made while it is set ignores connect_timeout
+                psycopg.extensions.set_wait_callback(None)
+
+    def _disconnect(self):
+        if self.conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.close()
+        self.conn = None
+
+    def _gone(self, what, exc):
+        """A statement failed outside a job's own transaction: the session is lost, or of no more
+        use. It is closed (its claim lock with it), every later call fails, and no job starts."""
+        self.broken = self.broken or "%s: %s" % (what, clean_text(str(exc).strip()))
+        self._disconnect()
+        return QueueError(self.broken)
+
+    def _alive(self):
+        """QueueError once the session is lost. A server that ends it (a terminated backend,
+        a restart) says so on the socket: only then does the check cost a round trip."""
+        if self.broken:
+            raise QueueError(self.broken)
+        poller = select.poll()
+        try:
+            poller.register(self.conn.fileno(), select.POLLIN)
+        except psycopg.Error as exc:  # the driver knows it closed
+            raise self._gone("the session", exc) from exc
+        if poller.poll(0):
+            self._execute("the session", "SELECT 1")
+
+    def _execute(self, what, query, values=None):
+        """One statement on its own; its first row, if it returns rows. QueueError when it fails (_gone)."""
+        if self.broken:
+            raise QueueError(self.broken)
         try:
             with self.conn.cursor() as cursor:
-                for query, values in statements:
-                    cursor.execute(query, values)
+                cursor.execute(query, values)
+                row = cursor.fetchone() if cursor.description else None
         except psycopg.Error as exc:
             raise self._gone(what, exc) from exc
         self.spoke = time.monotonic()
+        return row
 
-    def _job_writes(self, writes):
-        """writes(cursor) under a savepoint of its own; the refusal's text when the database, or the
-        driver, refused them: then nothing of them is applied and the batch's transaction goes on."""
-        self._execute("savepoint", [("SAVEPOINT job", ())])
+    def keep_alive(self, jobs):
+        # Once a second while jobs work: a lost session ends the batch within a second, and
+        # the server's idle_session_timeout ends a hung batch only.
+        if jobs and not self.broken and time.monotonic() - self.spoke >= batchq_queue.HEARTBEAT:
+            self._execute("the heartbeat", "SELECT 1")
+
+    def start(self, job):
+        self._alive()  # no job starts once the session is lost: its outcome could not be written
+
+    def _transaction(self, what, writes):
+        """writes(cursor) in a transaction of their own, committed. None, or the refusal's text when
+        the database (or the driver: a NUL, a lone surrogate) refused them: nothing of them is applied
+        then, and the session goes on. QueueError when the session is lost: nothing is known applied."""
+        if self.broken:
+            raise QueueError(self.broken)
         try:
             with self.conn.cursor() as cursor:
+                cursor.execute("BEGIN")
                 writes(cursor)
-        except (psycopg.Error, ValueError) as exc:  # ValueError: a text the driver will not send (NUL, surrogate)
-            self._execute("rollback to savepoint", [("ROLLBACK TO SAVEPOINT job", ())])
-            return clean_text(str(exc).strip())
-        self._execute("release savepoint", [("RELEASE SAVEPOINT job", ())])
+                cursor.execute("COMMIT")
+        except BaseException as exc:  # pylint: disable=broad-except  # rolled back whatever failed
+            try:
+                with self.conn.cursor() as cursor:
+                    cursor.execute("ROLLBACK")
+            except psycopg.Error:
+                raise self._gone(what, exc) from exc
+            if isinstance(exc, (psycopg.Error, ValueError)):
+                return clean_text(str(exc).strip())
+            raise
+        self.spoke = time.monotonic()
         return None
+
+    def _ours(self, job, **values):
+        return dict(values, id=job.id, me=self.me, lock=self.lock)
+
+    def _update(self, cursor, job, query, values):
+        cursor.execute(query, values)
+        if cursor.rowcount != 1:  # set 'dead', or taken back, by another hand (a consumer of before claim_lock?)
+            raise QueueError("job %s is no longer this batch's: its outcome is not written" % job.id)
 
     def done(self, job, result):
         def writes(cursor):
+            self._update(cursor, job, DONE, self._ours(job))
             apply_result(cursor, job, result, self.me)
-            cursor.execute(DONE, (self.me, job.id))
-        refusal = self._job_writes(writes)
+        refusal = self._transaction("job %s's outcome" % job.id, writes)
         if refusal:
             raise batchq_queue.Refused(refusal)
         self.counts["done"] += 1
 
     def failed(self, job, error, delay):
-        self._outcome(FAILED, (error, delay, job.id))
+        self._outcome(job, FAILED, self._ours(job, error=error, delay=delay))
 
     def dead(self, job, error):
-        self._outcome(DEAD, (error, job.id))
+        self._outcome(job, DEAD, self._ours(job, error=error))
         self.counts["dead"] += 1
 
-    def _outcome(self, query, values):
-        refusal = self._job_writes(lambda cursor: cursor.execute(query, values))
+    def _outcome(self, job, query, values):
+        def writes(cursor):
+            self._update(cursor, job, query, values)
+        refusal = self._transaction("job %s's outcome" % job.id, writes)
         if refusal:
             raise QueueError("the job's outcome was refused: %s" % refusal)
         self.counts["failed"] += 1
 
     def release(self, jobs):
-        self._execute("release", [(RELEASE, ([job.id for job in jobs],))])
+        self._execute("the release", RELEASE, {"ids": [job.id for job in jobs], "me": self.me, "lock": self.lock})
         self.counts["left"] = len(jobs)
 
     def finish(self):
         outcome = "terminated" if batchq_queue.TERM["asked"] else "committed"
+        if self.broken:
+            self._report("error", error=self.broken)
+            raise QueueError("the batch lost its session; the jobs it did stay done, the others go back to the "
+                             "queue: %s" % self.broken)
+        if self.conn is None:  # a SIGTERM ended the claim: no session, nothing claimed
+            self.due_left = False
+            self._report(outcome)
+            return
         try:
-            if self.broken:
-                raise QueueError(self.broken)
-            with self.conn.cursor() as cursor:
-                cursor.execute(DUE_LEFT, (self.args.queue,))
-                self.due_left = cursor.fetchone()[0]
-            self.conn.commit()
-        except (psycopg.Error, QueueError) as exc:
-            with contextlib.suppress(psycopg.Error):
-                self.conn.rollback()
-            # The batch's transaction did not commit: none of its results were applied.
-            record("end", self.args.records_bytes, outcome="error", error=str(exc).strip())
-            raise QueueError("the batch rolled back, nothing of it applied: %s" % str(exc).strip()) from exc
-        record("end", self.args.records_bytes, outcome=outcome, **self.counts)
+            values = {"lock": self.lock, "queue": self.args.queue}
+            _unlocked, self.due_left = self._execute("the batch's end", FINISH, values)
+        except QueueError:
+            self._report("error", error=self.broken)
+            raise
+        self._report(outcome)
+
+    def _report(self, outcome, **fields):
+        """The batch's end, in its records and on stdout: the outcomes committed, no others."""
+        record("end", self.args.records_bytes, outcome=outcome, **dict(self.counts, **fields))
         print("%s: %d jobs claimed, %d done, %d failed (%d now dead), %d left to the queue" % (
             outcome, self.counts["claimed"], self.counts["done"], self.counts["failed"], self.counts["dead"],
             self.counts["left"]), flush=True)
@@ -375,9 +512,7 @@ class PgBackend(batchq_queue.Backend):
         return self.due_left
 
     def close(self):
-        if self.conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self.conn.close()
+        self._disconnect()
 
 
 def main(argv, make_process, description=None):
@@ -389,8 +524,8 @@ def main(argv, make_process, description=None):
     problem = batchq_queue.option_problem(args) or check(args)
     if problem:
         parser.exit(2, "%s: error: %s\n" % (parser.prog, problem))  # before any connection or claim
-    signal.signal(signal.SIGTERM, batchq_queue.on_sigterm)
     backend = PgBackend(args)
+    signal.signal(signal.SIGTERM, backend.on_sigterm)
     process = make_process(args)
     try:
         code = batchq_queue.run_batch(backend, process, args)

@@ -1,7 +1,8 @@
 -- The job table of the reference consumer (batchq-pgqueue). Applied by
 -- database.yml; safe to apply again while consumers run: it changes only
--- what is missing, and upgrades a table of the first version in place.
--- A change waits at most 10 s for the consumers' row locks, then fails
+-- what is missing, and upgrades a table of an earlier version in place.
+-- Apply it before you deploy a consumer that needs what it adds.
+-- A change waits at most 10 s for the consumers' locks, then fails
 -- (apply it again), rather than holding every claim up behind it.
 SET lock_timeout = '10s';
 
@@ -21,9 +22,13 @@ CREATE TABLE IF NOT EXISTS batchq_jobs (
     -- when the job is due: now, or after the backoff of a failed attempt
     run_at      timestamptz NOT NULL DEFAULT now(),
     -- the batch (host/consumer@instance/invocation#batch) that holds it while
-    -- running, and since when; the batch's transaction holds its row lock
+    -- running, and since when
     claimed_by  text,
     claimed_at  timestamptz,
+    -- the number of the batch's claim lock: the session-level advisory lock
+    -- (the oid of batchq_jobs, claim_lock) that the batch's session holds while
+    -- it lives; NULL for a job claimed by a consumer of before it
+    claim_lock  integer,
     done_at     timestamptz,
     -- the batch that did it
     done_by     text
@@ -46,6 +51,18 @@ BEGIN
     END IF;
 END $$;
 
+-- The upgrade from the second version (a batch held its jobs by row locks
+-- in one transaction), only where it is missing: the claim lock's column.
+-- Then deploy the new consumer to every worker.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'batchq_jobs'::regclass AND attname = 'claim_lock'
+                   AND NOT attisdropped) THEN
+        ALTER TABLE batchq_jobs ADD COLUMN claim_lock integer;
+        RAISE NOTICE 'batchq_jobs upgraded: claim_lock';
+    END IF;
+END $$;
+
 -- A claim takes the due jobs of its queue in order, and jobs still running
 -- whose batch is gone: only those two sets are indexed. (CREATE INDEX IF NOT
 -- EXISTS would wait for the table's lock even when the index is there.)
@@ -59,10 +76,11 @@ BEGIN
     END IF;
 END $$;
 
--- What processing a job produces. Written in the transaction that holds the
--- job's lock and marks it done, so it is applied exactly once. No unique key
--- on job_id on purpose: a result applied twice would show as a second row
--- (the fleet test counts them); a table of your own may well have one.
+-- What processing a job produces. Written in the transaction that marks the
+-- job done, and only while the job is still the batch's, so it is applied
+-- exactly once. No unique key on job_id on purpose: a result applied twice
+-- would show as a second row (the fleet test counts them); a table of your
+-- own may well have one.
 CREATE TABLE IF NOT EXISTS batchq_results (
     job_id     bigint NOT NULL REFERENCES batchq_jobs (id),
     result     text NOT NULL,

@@ -7,18 +7,22 @@ consumer's own records.
 
 import hashlib
 import json
+import re
+import subprocess
 import tempfile
 import time
+import uuid
 
 import pytest
 
-from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, ROOT, docker, sql, states, wait_for
+from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, NETWORK, ROOT, docker, sql, states, wait_for
 
-# The server's idle-in-transaction timeout for the batch of the test below, set
-# as a consumer's environment would (PGOPTIONS comes after the consumer's own
-# 60 s, so it wins): the batch outlasts it by far, and speaks while it works.
-IDLE_IN_TRANSACTION_S = 3
-# batchq-pgqueue's CLAIM_GRACE: a running job whose batch is gone is taken back this long after its claim.
+# The server's idle timeouts for the batch of the test below, set as a consumer's
+# environment would (PGOPTIONS comes after the consumer's own 60 s, so it wins):
+# the batch outlasts them by far, and speaks while it works.
+IDLE_S = 3
+# batchq-pgqueue's CLAIM_GRACE: a running job that a consumer of before claim_lock claimed, and that no
+# transaction locks, is taken back this long after its claim.
 CLAIM_GRACE_S = 10
 
 
@@ -73,7 +77,8 @@ conn = pgqueue.psycopg.connect(os.environ.get("BATCHQ_PG_DSN", ""), **pgqueue.co
 pgqueue.configure_session(conn)
 cursor = conn.cursor()
 cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), "
-               "current_setting('idle_in_transaction_session_timeout'), current_setting('search_path')")
+               "current_setting('idle_in_transaction_session_timeout'), current_setting('search_path'), "
+               "current_setting('idle_session_timeout')")
 print(json.dumps(cursor.fetchone()))
 """ % LIBRARY_DIR
 
@@ -85,23 +90,27 @@ def session_settings(client, env):
 
 
 def test_the_startup_options_keep_their_settings_and_the_others_take_the_consumers(client):
-    assert session_settings(client, {}) == ["5s", "30s", "1min", '"$user", public']
+    # idle_session_timeout too (PostgreSQL 14 and later): a batch is idle between its jobs' transactions
+    assert session_settings(client, {}) == ["5s", "30s", "1min", '"$user", public', "1min"]
     # libpq's own forms: -c NAME=VALUE, -cNAME=VALUE, --NAME=VALUE (dashes for underscores), an escaped space
     options = r"-c statement_timeout=7s -clock_timeout=2s --idle-in-transaction-session-timeout=9s " \
-              r"-c search_path=public,\ pg_catalog"
-    assert session_settings(client, {"PGOPTIONS": options}) == ["2s", "7s", "9s", "public, pg_catalog"]
+              r"-c search_path=public,\ pg_catalog -c idle_session_timeout=4s"
+    assert session_settings(client, {"PGOPTIONS": options}) == ["2s", "7s", "9s", "public, pg_catalog", "4s"]
     default_path = '"$user", public'
-    assert session_settings(client, {"PGOPTIONS": "-c statement_timeout=7s"}) == ["5s", "7s", "1min", default_path]
+    assert session_settings(client, {"PGOPTIONS": "-c statement_timeout=7s"}) == [
+        "5s", "7s", "1min", default_path, "1min"]
     assert session_settings(client, {"BATCHQ_PG_DSN": "options='-c lock_timeout=3s'"})[:2] == ["3s", "30s"]
 
 
-def test_a_batch_whose_work_outlasts_the_idle_in_transaction_timeout_commits(client, queue):
-    # 2 s a job, 4 jobs: 8 s between the claim and the writes, each job within the bound.
-    jobs = 4
+def test_a_batch_whose_work_outlasts_the_idle_timeouts_commits(client, queue):
+    # 4 s a job, 2 jobs: each job outlasts the timeouts (the batch's heartbeats keep it), and
+    # stays within --job-timeout.
+    jobs = 2
     enqueue(client, queue, jobs)
-    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "100", "--work-ms", "2000",
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "100", "--work-ms", "4000",
                               state="/tmp/" + queue, timeout=60,
-                              env={"PGOPTIONS": "-c idle_in_transaction_session_timeout=%ds" % IDLE_IN_TRANSACTION_S})
+                              env={"PGOPTIONS": "-c idle_in_transaction_session_timeout=%ds -c idle_session_timeout=%ds"
+                                                % (IDLE_S, IDLE_S)})
     assert code == 0, output
     assert states(queue) == {"done": jobs}
     assert sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
@@ -160,10 +169,8 @@ def test_sigterm_commits_what_is_done_and_says_more_work_waits(client, queue):
     batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--limit", "20", "--work-ms", "700"],
                          state + "/pid", state=state)
     try:
-        wait_claimed(client, queue)
-        # once the first job works in its own process: it ends, and is done, before the batch stops
-        wait_for(lambda: client.shell("ps -o pid= --ppid $(cat %s/pid) || true" % state).strip(), 30,
-                 "the first job's process")
+        # once a job is done (committed as it ended): the job at work then is stopped and goes back
+        wait_for(lambda: states(queue).get("done", 0) >= 1, 30, "a job done")
         client.shell("kill -TERM $(cat %s/pid)" % state)
         output = batch.communicate(timeout=60)[0]
     finally:
@@ -175,7 +182,8 @@ def test_sigterm_commits_what_is_done_and_says_more_work_waits(client, queue):
     assert got.get("done", 0) == end["done"] and got.get("queued", 0) == end["left"] > 0, (got, end)
     assert sql("SELECT count(*) FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
                "WHERE j.queue = '%s'" % queue) == str(end["done"])
-    # the jobs it did not begin are due again at once; the attempt counted at the claim stays counted
+    # the jobs it did not begin, and the one it stopped, are due again at once; the attempt counted at the
+    # claim stays counted
     assert sql("SELECT count(*) FROM batchq_jobs WHERE queue = '%s' AND state = 'queued' AND attempts = 1 "
                "AND run_at <= now()" % queue) == str(end["left"])
 
@@ -274,6 +282,30 @@ def test_a_database_error_of_one_job_fails_that_job_only(client, queue):
         "its result was refused: result of job %s refused" % refused)
 
 
+def test_a_result_refused_at_its_commit_fails_that_job_only(client, queue):
+    # A deferred constraint of your own tables refuses only at the commit: the job's own commit.
+    sql("""CREATE OR REPLACE FUNCTION pg_temp_refuse_late() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF (SELECT payload ? 'refuse_late' FROM batchq_jobs WHERE id = NEW.job_id) THEN
+               RAISE EXCEPTION 'result of job % refused at the commit', NEW.job_id;
+             END IF;
+             RETURN NULL;
+           END $$;
+           DROP TRIGGER IF EXISTS refuse_late ON batchq_results;
+           CREATE CONSTRAINT TRIGGER refuse_late AFTER INSERT ON batchq_results DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW EXECUTE FUNCTION pg_temp_refuse_late();""")
+    enqueue(client, queue, 5)
+    sql("UPDATE batchq_jobs SET payload = payload || '{\"refuse_late\": true}' WHERE queue = '%s' "
+        "AND payload->>'n' = '2'" % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state="/tmp/" + queue)
+    assert code == 0, output  # the refused job backs off: none due at the end
+    assert jobs(queue) == [(1, "done", 1), (2, "queued", 1), (3, "done", 1), (4, "done", 1), (5, "done", 1)]
+    assert results(queue) == 4
+    refused = job_id(queue, 2)
+    assert sql("SELECT last_error FROM batchq_jobs WHERE id = %s" % refused).startswith(
+        "its result was refused: result of job %s refused at the commit" % refused)
+
+
 def test_an_outage_is_a_failed_run_and_backs_off(client, queue):
     enqueue(client, queue, 20)
     client.shell("touch /tmp/%s/down" % queue)
@@ -306,9 +338,9 @@ print(a.max_attempts, sum(batchq_queue.backoff(n, a.backoff_min, a.backoff_max, 
     assert int(attempts) == 25 and float(waited) >= 24 * 3600, (attempts, waited)
 
 
-def test_the_jobs_of_a_killed_batch_are_taken_again_within_seconds(client, queue):
+def test_the_jobs_of_a_killed_batch_are_taken_again_at_once(client, queue):
     # SIGKILL of the batch and its work: its claim's attempt is counted, nothing of it applied,
-    # and the next batch takes its jobs back once their lock is gone.
+    # and the next batch takes its jobs back at once: their claim lock went with the session.
     state = "/tmp/" + queue
     enqueue(client, queue, 5)
     batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--work-ms", "2000"], state + "/pid",
@@ -322,34 +354,188 @@ def test_the_jobs_of_a_killed_batch_are_taken_again_within_seconds(client, queue
     assert jobs(queue) == [(n, "running", 1) for n in range(1, 6)]
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
     # (its summary on stdout; the library's lines on stderr, which docker exec may pass on first)
-    assert code == 0 and "\ncommitted: 0 jobs claimed" in "\n" + output, output  # not before CLAIM_GRACE
-    wait_for(lambda: "\ncommitted: 5 jobs claimed" in "\n" + client.run(
-        "batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)[1],
-        CLAIM_GRACE_S + 10, "the killed batch's jobs to be taken back")
+    assert code == 0 and "\ncommitted: 5 jobs claimed, 5 done" in "\n" + output, output
     assert jobs(queue) == [(n, "done", 2) for n in range(1, 6)]
     assert results(queue) == 5
 
 
-def test_a_job_that_kills_every_batch_ends_dead_after_its_attempts(client, queue):
-    state = "/tmp/" + queue
-    enqueue(client, queue, 1)
-    for attempt in (1, 2):
+def batch_session(token, columns):
+    """columns of pg_stat_activity for the session of the batch run with INVOCATION_ID token ('' if none)."""
+    return sql("SELECT %s FROM pg_stat_activity WHERE application_name LIKE '%%/%s#%%'" % (columns, token))
+
+
+def test_a_live_batchs_jobs_are_not_taken_however_old_their_claim(client, queue):
+    # A batch at work holds its jobs by its session's claim lock, not by the age of their claim.
+    state, token = "/tmp/" + queue, uuid.uuid4().hex[:12]
+    enqueue(client, queue, 3)
+    batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--work-ms", "1500"], state + "/pid",
+                         env={"INVOCATION_ID": token}, state=state)
+    try:
+        wait_claimed(client, queue)
         sql("UPDATE batchq_jobs SET claimed_at = claimed_at - interval '1 hour' WHERE queue = '%s'" % queue)
-        batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--max-attempts", "2",
-                              "--work-ms", "5000"], state + "/pid", state=state)
+        code, output = client.run("batchq-pgqueue", "--queue", queue, state=state)
+        assert code == 0 and "\ncommitted: 0 jobs claimed" in "\n" + output, output
+        assert batch.poll() is None, "the first batch ended before the second claimed"
+        output = batch.communicate(timeout=60)[0]
+    finally:
+        batch.kill()
+    assert batch.returncode == 0, output
+    assert jobs(queue) == [(n, "done", 1) for n in (1, 2, 3)] and results(queue) == 3
+
+
+def test_a_killed_batch_keeps_the_jobs_it_did_and_held_no_transaction_while_a_job_worked(client, queue):
+    # Each job's outcome commits as the job ends. A batch SIGKILLed at its fifth job keeps the four
+    # it did and charges them nothing more. While the fifth works, the batch's session is idle
+    # outside any transaction: a long batch holds back no VACUUM.
+    state, token = "/tmp/" + queue, uuid.uuid4().hex[:12]
+    enqueue(client, queue, 5)
+    sql("UPDATE batchq_jobs SET payload = payload || '{\"sleep\": 60}' WHERE queue = '%s' AND payload->>'n' = '5'"
+        % queue)
+    batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--job-timeout", "120"],
+                         state + "/pid", env={"INVOCATION_ID": token}, state=state)
+    try:
+        wait_for(lambda: states(queue).get("done") == 4, 30, "the first four jobs done")
+        # (between two heartbeats of the batch, a second apart)
+        wait_for(lambda: batch_session(token, "state, backend_xid IS NULL, backend_xmin IS NULL") == "idle|t|t", 10,
+                 "the batch's session idle, outside a transaction, while the fifth job works")
+        kill_batch(client, state)
+        batch.communicate(timeout=60)
+    finally:
+        batch.kill()
+    assert jobs(queue) == [(n, "done", 1) for n in range(1, 5)] + [(5, "running", 1)]
+    assert results(queue) == 4
+    sql("UPDATE batchq_jobs SET payload = payload - 'sleep' WHERE queue = '%s'" % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue, state=state)
+    assert code == 0 and "\ncommitted: 1 jobs claimed, 1 done" in "\n" + output, output
+    assert jobs(queue) == [(n, "done", 1) for n in range(1, 5)] + [(5, "done", 2)]
+    assert results(queue) == 5
+
+
+def test_a_lost_session_ends_the_batch_at_once_and_its_report_counts_only_what_committed(client, queue):
+    state, token = "/tmp/" + queue, uuid.uuid4().hex[:12]
+    enqueue(client, queue, 20)
+    batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--work-ms", "1000"], state + "/pid",
+                         env={"INVOCATION_ID": token}, state=state)
+    try:
+        wait_for(lambda: states(queue).get("done", 0) >= 2, 30, "two jobs done")
+        assert sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE "
+                   "'%%/%s#%%'" % token) == "1"
+        began = time.monotonic()
+        output = batch.communicate(timeout=60)[0]
+        took = time.monotonic() - began
+    finally:
+        batch.kill()
+    # 18 jobs of 1 s each were left: the one at work ends, and no other starts
+    print("a terminated session ended the batch in %.1f s" % took)
+    assert batch.returncode == 1 and took < 4, (took, output)
+    done = states(queue).get("done", 0)
+    assert re.findall(r'"done": (\d+)', output) == [str(done)], output  # the library's count of the batch
+    end = client.records(state)[-1]
+    assert (end["event"], end["outcome"], end["done"]) == ("end", "error", done), end
+    assert results(queue) == done
+    # the others' claim lock went with the session: the next batch takes them back at once
+    code, output = client.run("batchq-pgqueue", "--queue", queue, state=state)
+    assert code == 0 and states(queue) == {"done": 20} and results(queue) == 20, output
+    assert sorted(attempts for _n, _state, attempts in jobs(queue)) == [1] * done + [2] * (20 - done)
+
+
+def test_a_cut_network_ends_the_batch_within_the_connections_bounds(client, queue):
+    # The client's network is gone (a cable cut): the batch's next statement fails within
+    # tcp_user_timeout (10 s), and no job starts after it. The database itself goes on.
+    state, token = "/tmp/" + queue, uuid.uuid4().hex[:12]
+    enqueue(client, queue, 40)
+    batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--work-ms", "1000"], state + "/pid",
+                         env={"INVOCATION_ID": token}, state=state)
+    try:
+        wait_for(lambda: states(queue).get("done", 0) >= 2, 30, "two jobs done")
+        docker("network", "disconnect", NETWORK, client.name)
         try:
-            wait_for(lambda: jobs(queue) == [(1, "running", attempt)], 30, "attempt %d's claim" % attempt)
-            kill_batch(client, state)
-            batch.communicate(timeout=60)
+            began = time.monotonic()
+            output = batch.communicate(timeout=60)[0]
+            took = time.monotonic() - began
+        finally:
+            docker("network", "connect", NETWORK, client.name)
+    finally:
+        batch.kill()
+    # 38 jobs of 1 s each were left: the batch ended within the connection's bounds, long before
+    print("a cut network ended the batch in %.1f s" % took)
+    assert batch.returncode == 1 and took < 20, (took, output)
+    done = states(queue).get("done", 0)
+    assert re.findall(r'"done": (\d+)', output) == [str(done)], output
+    assert client.records(state)[-1]["outcome"] == "error" and results(queue) == done
+
+
+def test_a_sigterm_during_the_claim_cancels_it_and_nothing_is_claimed(client, queue):
+    # The claim waits for a lock: here the whole table's, as a schema change takes it (the batch's
+    # lock_timeout is raised so that it waits). SIGTERM ends the batch at once, its claim rolled back.
+    state, token = "/tmp/" + queue, uuid.uuid4().hex[:12]
+    enqueue(client, queue, 5)
+    holder = subprocess.Popen(
+        ["docker", "exec", DATABASE, "runuser", "-u", "postgres", "--", "psql", "-X",
+         "dbname=batchq application_name=holder-" + token,
+         "-c", "BEGIN; LOCK TABLE batchq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(60); COMMIT"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: sql("SELECT count(*) FROM pg_locks WHERE relation = 'batchq_jobs'::regclass "
+                             "AND mode = 'AccessExclusiveLock' AND granted") == "1", 30, "the table's lock")
+        batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue], state + "/pid", state=state,
+                             env={"INVOCATION_ID": token, "PGOPTIONS": "-c lock_timeout=60s"})
+        try:
+            wait_for(lambda: batch_session(token, "wait_event_type") == "Lock", 30, "the claim to wait for the lock")
+            began = time.monotonic()
+            client.shell("kill -TERM $(cat %s/pid)" % state)
+            output = batch.communicate(timeout=20)[0]
+            took = time.monotonic() - began
         finally:
             batch.kill()
-    # past the grace of its last claim, the next claim buries it instead of trying a third time
-    sql("UPDATE batchq_jobs SET claimed_at = claimed_at - interval '1 hour' WHERE queue = '%s'" % queue)
-    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
+    finally:
+        sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder-%s'" % token)
+        holder.communicate(timeout=60)
+    print("a SIGTERM during the claim ended the batch in %.1f s" % took)
+    assert batch.returncode == 0 and took < 3, (took, output)
+    assert jobs(queue) == [(n, "queued", 0) for n in range(1, 6)], output
+    assert not claimed(client, state)
+    end = client.records(state)[-1]
+    assert (end["event"], end["outcome"], end["claimed"]) == ("end", "terminated", 0), end
+
+
+# A SIGTERM that systemd sends while the batch connects: before its claim.
+STOPPED_WHILE_CONNECTING = """
+import os, signal, sys
+sys.path.insert(0, "%s")
+import batchq_pgqueue, batchq_queue
+connect = batchq_pgqueue.psycopg.connect
+def connect_and_stop(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return connect(*args, **kwargs)
+batchq_pgqueue.psycopg.connect = connect_and_stop
+sys.exit(batchq_pgqueue.main(sys.argv[1:], batchq_queue.stand_in))
+""" % LIBRARY_DIR
+
+
+def test_a_sigterm_before_the_claim_claims_nothing(client, queue):
+    state = "/tmp/" + queue
+    enqueue(client, queue, 3)
+    done = docker(*client.argv("python3", ["-c", STOPPED_WHILE_CONNECTING, "--queue", queue], {}, state),
+                  check=False)
+    assert done.returncode == 0, done.stdout
+    assert jobs(queue) == [(n, "queued", 0) for n in (1, 2, 3)], done.stdout
+    assert not claimed(client, state)
+
+
+def test_a_job_an_older_consumer_claimed_is_taken_back_only_past_the_grace(client, queue):
+    # A consumer of before claim_lock held a running job by its batch's row lock. Such a job, when no
+    # transaction locks it, is taken back CLAIM_GRACE after its claim (its claim and lock were two steps).
+    enqueue(client, queue, 1)
+    sql("UPDATE batchq_jobs SET state = 'running', attempts = 1, claimed_by = 'older', claimed_at = now() "
+        "WHERE queue = '%s'" % queue)
+    code, output = client.run("batchq-pgqueue", "--queue", queue)
     assert code == 0 and "\ncommitted: 0 jobs claimed" in "\n" + output, output
-    assert jobs(queue) == [(1, "dead", 2)]
-    assert sql("SELECT last_error FROM batchq_jobs WHERE queue = '%s'" % queue) == \
-        "its batch ended without finishing it, attempt 2 of 2"
+    sql("UPDATE batchq_jobs SET claimed_at = now() - interval '%d seconds' WHERE queue = '%s'"
+        % (CLAIM_GRACE_S + 1, queue))
+    code, output = client.run("batchq-pgqueue", "--queue", queue)
+    assert code == 0 and "\ncommitted: 1 jobs claimed, 1 done" in "\n" + output, output
+    assert jobs(queue) == [(1, "done", 2)]
 
 
 # The first version of schema.sql (as released before attempts were counted at claim), to upgrade.
@@ -397,6 +583,13 @@ def test_schema_sql_upgrades_a_table_of_the_first_version_in_place(client):
     assert sql("SELECT string_agg(state || ':' || attempts, ',' ORDER BY id) FROM %s.batchq_jobs" % schema) == \
         "done:1,done:1,done:1,dead:5"
     assert sql("SELECT count(*) FROM %s.batchq_results" % schema) == "3"
+    # A table of the second version (claims, but no claim_lock) upgrades as well.
+    upgraded = "SELECT count(*) FROM pg_attribute WHERE attrelid = '%s.batchq_jobs'::regclass " \
+               "AND attname = 'claim_lock' AND NOT attisdropped" % schema
+    assert sql(upgraded) == "1"
+    apply("ALTER TABLE batchq_jobs DROP COLUMN claim_lock;")
+    assert "batchq_jobs upgraded: claim_lock" in apply(schema_sql)
+    assert sql(upgraded) == "1"
 
 
 # Hostile jobs and options: one job's odd failure or payload never fails its neighbours
