@@ -326,11 +326,19 @@ def release():
     galaxy_yml = ROOT / "galaxy.yml"
     text = galaxy_yml.read_text()
     given = addresses_from(os.environ)
+    for key, address in given.items():
+        problem = check_address(key, address)
+        if problem:
+            fail(problem)
+    # The release is HEAD's files, with galaxy.yml's addresses: nothing else may be uncommitted.
+    changed = run(["git", "diff", "--name-only", "HEAD", "--", ".", ":(exclude)galaxy.yml"], cwd=ROOT,
+                  stdout=subprocess.PIPE, text=True).stdout.split()
+    if changed:
+        fail("uncommitted changes (the release is built from HEAD): " + " ".join(changed))
+    committed = run(["git", "show", "HEAD:galaxy.yml"], cwd=ROOT, stdout=subprocess.PIPE, text=True).stdout
+    if with_addresses(committed, galaxy_addresses(text)) != text:
+        fail("galaxy.yml differs from HEAD's in more than its addresses: commit that first")
     if given:
-        for key, address in given.items():
-            problem = check_address(key, address)
-            if problem:
-                fail(problem)
         text = with_addresses(text, given)
         galaxy_yml.write_text(text)
         print("galaxy.yml: %s" % ", ".join("%s %s" % item for item in given.items()))
@@ -339,15 +347,6 @@ def release():
     if problems:
         fail("no release tarball with placeholder addresses in galaxy.yml: %s. Give the project's: "
              "make release REPOSITORY=https://... [HOMEPAGE=...] [DOCUMENTATION=...] [ISSUES=...]" % "; ".join(problems))
-
-    # The release is HEAD's files, with this galaxy.yml: nothing uncommitted but its addresses.
-    changed = run(["git", "diff", "--name-only", "HEAD", "--", ".", ":(exclude)galaxy.yml"], cwd=ROOT,
-                  stdout=subprocess.PIPE, text=True).stdout.split()
-    if changed:
-        fail("uncommitted changes (the release is built from HEAD): " + " ".join(changed))
-    committed = run(["git", "show", "HEAD:galaxy.yml"], cwd=ROOT, stdout=subprocess.PIPE, text=True).stdout
-    if with_addresses(committed, galaxy_addresses(text)) != text:
-        fail("galaxy.yml differs from HEAD's in more than its addresses: commit that first")
 
     work = cache_dir() / "release"
     source = work / "source"
