@@ -53,6 +53,11 @@ rolled back: nothing is claimed, no attempt counted. Jobs claimed but not
 started (SIGTERM, --max-seconds) go back 'queued'. They keep their attempt,
 as the contract says.
 
+Done jobs are kept --keep-done-days (7), then deleted, with their results,
+by the batches: each deletes at most PRUNE_ROWS of them (or twice --limit,
+if more) as it ends. schema.sql shows the statement to prune by hand. Dead
+jobs are kept, for a person to look at.
+
 Its own records (batches.jsonl in $STATE_DIRECTORY, the older ones in
 batches.jsonl.1, at most about twice --records-bytes in all) say which jobs
 each batch claimed and how it ended.
@@ -107,6 +112,9 @@ SESSION = (("lock_timeout", "5s"), ("statement_timeout", "30s"), ("idle_in_trans
 # A job that a consumer of before claim_lock claimed is taken back only this
 # long after its claim: that batch locked it one round trip after the claim.
 CLAIM_GRACE = 10
+# The most done jobs a batch deletes (or twice --limit, if more): more than it
+# can make done itself, so that the table shrinks back to --keep-done-days.
+PRUNE_ROWS = 1000
 RECORDS = "batches.jsonl"
 # The claim lock's number: drawn from the system's randomness, so that
 # batches forked from one runner (preload) draw different numbers.
@@ -160,6 +168,17 @@ RELEASE = """UPDATE batchq_jobs SET state = 'queued', claimed_by = NULL, claim_l
 # The batch's end: its claim lock goes (a --loop batch keeps the session), and is a due job left?
 FINISH = """SELECT pg_advisory_unlock('batchq_jobs'::regclass::oid::int, %(lock)s::int),
                    EXISTS (SELECT FROM batchq_jobs WHERE queue = %(queue)s AND state = 'queued' AND run_at <= now())"""
+# Done jobs older than --keep-done-days, and their results, a chunk at a time (schema.sql: by hand).
+PRUNE = """
+    WITH old AS (
+        SELECT id FROM batchq_jobs
+        WHERE queue = %(queue)s AND state = 'done' AND done_at < now() - %(days)s * interval '1 day'
+        LIMIT %(rows)s FOR UPDATE SKIP LOCKED
+    ), results AS (
+        DELETE FROM batchq_results WHERE job_id IN (SELECT id FROM old)
+    )
+    DELETE FROM batchq_jobs WHERE id IN (SELECT id FROM old)"""
+
 
 def credential(name):
     """This run's systemd credential name (the role's credentials), or None."""
@@ -269,6 +288,8 @@ def add_options(parser):
     parser.add_argument("--queue", default="default")
     parser.add_argument("--records-bytes", type=int, default=1 << 20,
                         help="size of batches.jsonl at which it becomes batches.jsonl.1")
+    parser.add_argument("--keep-done-days", type=float, default=7.0,
+                        help="days a done job is kept before a batch deletes it, with its result (0: for ever)")
     parser.add_argument("--backoff-base", type=float,
                         help="the old spelling: the least wait after a first failure; --backoff-min twice that")
     parser.add_argument("--loop", action="store_true",
@@ -284,6 +305,8 @@ def check(args):
         return "--queue: must be a name, got ''"
     if args.records_bytes < 1024:
         return "--records-bytes: must be at least 1024, got %s" % args.records_bytes
+    if not (math.isfinite(args.keep_done_days) and 0 <= args.keep_done_days <= 36500):
+        return "--keep-done-days: must be from 0 (for ever) to 36500 days, got %s" % args.keep_done_days
     if args.backoff_base is not None:
         if not (math.isfinite(args.backoff_base) and 0 < args.backoff_base <= args.backoff_max):
             return "--backoff-base: must be more than 0 seconds, at most --backoff-max, got %s" % args.backoff_base
@@ -493,6 +516,8 @@ class PgBackend(batchq_queue.Backend):
             self.due_left = False
             self._report(outcome)
             return
+        if not batchq_queue.TERM["asked"] and self.args.keep_done_days:
+            self._prune()
         try:
             values = {"lock": self.lock, "queue": self.args.queue}
             _unlocked, self.due_left = self._execute("the batch's end", FINISH, values)
@@ -500,6 +525,18 @@ class PgBackend(batchq_queue.Backend):
             self._report("error", error=self.broken)
             raise
         self._report(outcome)
+
+    def _prune(self):
+        """Done jobs past --keep-done-days go, with their results, a chunk a batch. A refusal (a table
+        of yours that refers to a job) is said, and the batch goes on: its work is committed already."""
+        values = {"queue": self.args.queue, "days": self.args.keep_done_days,
+                  "rows": max(PRUNE_ROWS, 2 * self.args.limit)}
+        try:
+            with self.conn.cursor() as cursor:
+                cursor.execute(PRUNE, values)
+                self.counts["pruned"] = cursor.rowcount
+        except psycopg.Error as exc:
+            print("batchq-pgqueue: done jobs not pruned: %s" % clean_text(str(exc).strip()), file=sys.stderr)
 
     def _report(self, outcome, **fields):
         """The batch's end, in its records and on stdout: the outcomes committed, no others."""

@@ -64,8 +64,12 @@ BEGIN
 END $$;
 
 -- A claim takes the due jobs of its queue in order, and jobs still running
--- whose batch is gone: only those two sets are indexed. (CREATE INDEX IF NOT
--- EXISTS would wait for the table's lock even when the index is there.)
+-- whose batch is gone; a batch deletes done jobs by age: only those three
+-- sets are indexed. (CREATE INDEX IF NOT EXISTS would wait for the table's
+-- lock even when the index is there.) On a table of millions of done jobs,
+-- the index of done jobs, new in the third version, takes seconds to build,
+-- and claims wait for it (a claim gives up after 5 s, and the next batch
+-- tries again): add it while the consumers are paused.
 DO $$
 BEGIN
     IF to_regclass('batchq_jobs_due') IS NULL THEN
@@ -73,6 +77,9 @@ BEGIN
     END IF;
     IF to_regclass('batchq_jobs_running') IS NULL THEN
         CREATE INDEX batchq_jobs_running ON batchq_jobs (queue, claimed_at) WHERE state = 'running';
+    END IF;
+    IF to_regclass('batchq_jobs_done') IS NULL THEN
+        CREATE INDEX batchq_jobs_done ON batchq_jobs (queue, done_at) WHERE state = 'done';
     END IF;
 END $$;
 
@@ -93,3 +100,12 @@ BEGIN
         CREATE INDEX batchq_results_job ON batchq_results (job_id);
     END IF;
 END $$;
+
+-- Done jobs are kept for batchq-pgqueue's --keep-done-days (7), then its
+-- batches delete them with their results, a chunk at a time. To prune by hand
+-- (every queue; here after 7 days; run it again until it deletes nothing):
+--   WITH old AS (SELECT id FROM batchq_jobs WHERE state = 'done' AND done_at < now() - interval '7 days'
+--                LIMIT 10000 FOR UPDATE SKIP LOCKED),
+--        results AS (DELETE FROM batchq_results WHERE job_id IN (SELECT id FROM old))
+--   DELETE FROM batchq_jobs WHERE id IN (SELECT id FROM old);
+-- Dead jobs stay until you delete them.

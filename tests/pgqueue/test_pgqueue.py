@@ -24,6 +24,8 @@ IDLE_S = 3
 # batchq-pgqueue's CLAIM_GRACE: a running job that a consumer of before claim_lock claimed, and that no
 # transaction locks, is taken back this long after its claim.
 CLAIM_GRACE_S = 10
+# batchq-pgqueue's PRUNE_ROWS: the most done jobs a batch deletes (or twice --limit).
+PRUNE_ROWS = 1000
 
 
 def enqueue(client, queue, count, failing=0):
@@ -538,6 +540,73 @@ def test_a_job_an_older_consumer_claimed_is_taken_back_only_past_the_grace(clien
     assert jobs(queue) == [(1, "done", 2)]
 
 
+def done_jobs(queue, since):
+    """The done jobs of queue (with their results) whose done_at is since ago, as by batchq-pgqueue."""
+    sql("""WITH job AS (INSERT INTO batchq_jobs (queue, payload, state, attempts, done_at, done_by)
+                        SELECT '%s', '{}', 'done', 1, now() - interval '%s', 'an earlier batch'
+                        FROM generate_series(1, %d) RETURNING id)
+           INSERT INTO batchq_results (job_id, result, applied_by) SELECT id, 'r', 'an earlier batch' FROM job"""
+        % (queue, since[1], since[0]))
+
+
+def ages(queue):
+    """Done jobs of queue by their age in days, rounded down; dead and queued ones by state; and results."""
+    rows = sql("SELECT CASE WHEN state = 'done' THEN extract(day FROM now() - done_at)::text ELSE state END, "
+               "count(*) FROM batchq_jobs WHERE queue = '%s' GROUP BY 1" % queue)
+    got = {key: int(count) for key, count in (line.split("|") for line in rows.splitlines())}
+    return got, results(queue)
+
+
+def test_done_jobs_older_than_keep_done_days_are_deleted_a_chunk_a_batch(client, queue):
+    state = "/tmp/" + queue
+    done_jobs(queue, (2 * PRUNE_ROWS + 500, "8 days"))
+    done_jobs(queue, (10, "6 days"))
+    sql("INSERT INTO batchq_jobs (queue, payload, state, attempts) VALUES ('%s', '{}', 'dead', 5)" % queue)
+    sql("UPDATE batchq_jobs SET enqueued_at = now() - interval '30 days' WHERE queue = '%s' AND state = 'dead'"
+        % queue)
+    # --keep-done-days 0 keeps them all
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--keep-done-days", "0", state=state)
+    assert code == 0, output
+    assert ages(queue) == ({"8": 2 * PRUNE_ROWS + 500, "6": 10, "dead": 1}, 2 * PRUNE_ROWS + 510)
+    # the default, 7 days: each batch deletes at most PRUNE_ROWS of them, with their results
+    for pruned, left in ((PRUNE_ROWS, PRUNE_ROWS + 500), (PRUNE_ROWS, 500), (500, 0)):
+        code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "10", state=state)
+        assert code == 0, output
+        assert client.records(state)[-1]["pruned"] == pruned
+        older = {"8": left} if left else {}
+        assert ages(queue) == (dict(older, **{"6": 10, "dead": 1}), left + 10)
+
+
+def test_the_statement_in_schema_sql_prunes_by_hand(queue):
+    text = (EXAMPLE / "schema.sql").read_text()
+    lines = text.split("To prune by hand")[1].splitlines()[1:]
+    statement = "\n".join(line[5:] for line in lines if line.startswith("--   "))
+    done_jobs(queue, (3, "8 days"))
+    done_jobs(queue, (2, "6 days"))
+    sql(statement)
+    assert ages(queue) == ({"6": 2}, 2)
+
+
+def test_a_job_that_kills_every_batch_ends_dead_after_its_attempts(client, queue):
+    state = "/tmp/" + queue
+    enqueue(client, queue, 1)
+    for attempt in (1, 2):
+        batch = client.start(["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--max-attempts", "2",
+                              "--work-ms", "5000"], state + "/pid", state=state)
+        try:
+            wait_for(lambda: jobs(queue) == [(1, "running", attempt)], 30, "attempt %d's claim" % attempt)
+            kill_batch(client, state)
+            batch.communicate(timeout=60)
+        finally:
+            batch.kill()
+    # its claim lock went with the killed batch: the next claim buries it instead of trying a third time
+    code, output = client.run("batchq-pgqueue", "--queue", queue, "--max-attempts", "2", state=state)
+    assert code == 0 and "\ncommitted: 0 jobs claimed" in "\n" + output, output
+    assert jobs(queue) == [(1, "dead", 2)]
+    assert sql("SELECT last_error FROM batchq_jobs WHERE queue = '%s'" % queue) == \
+        "its batch ended without finishing it, attempt 2 of 2"
+
+
 # The first version of schema.sql (as released before attempts were counted at claim), to upgrade.
 FIRST_SCHEMA = """
 CREATE TABLE IF NOT EXISTS batchq_jobs (
@@ -583,13 +652,13 @@ def test_schema_sql_upgrades_a_table_of_the_first_version_in_place(client):
     assert sql("SELECT string_agg(state || ':' || attempts, ',' ORDER BY id) FROM %s.batchq_jobs" % schema) == \
         "done:1,done:1,done:1,dead:5"
     assert sql("SELECT count(*) FROM %s.batchq_results" % schema) == "3"
-    # A table of the second version (claims, but no claim_lock) upgrades as well.
-    upgraded = "SELECT count(*) FROM pg_attribute WHERE attrelid = '%s.batchq_jobs'::regclass " \
-               "AND attname = 'claim_lock' AND NOT attisdropped" % schema
-    assert sql(upgraded) == "1"
-    apply("ALTER TABLE batchq_jobs DROP COLUMN claim_lock;")
+    # A table of the second version (claims, but no claim_lock nor index of done jobs) upgrades as well.
+    upgraded = "SELECT (SELECT count(*) FROM pg_attribute WHERE attrelid = '{0}.batchq_jobs'::regclass " \
+               "AND attname = 'claim_lock' AND NOT attisdropped), to_regclass('{0}.batchq_jobs_done')"
+    assert sql(upgraded.format(schema)) == "1|%s.batchq_jobs_done" % schema
+    apply("ALTER TABLE batchq_jobs DROP COLUMN claim_lock; DROP INDEX batchq_jobs_done;")
     assert "batchq_jobs upgraded: claim_lock" in apply(schema_sql)
-    assert sql(upgraded) == "1"
+    assert sql(upgraded.format(schema)) == "1|%s.batchq_jobs_done" % schema
 
 
 # Hostile jobs and options: one job's odd failure or payload never fails its neighbours
@@ -642,6 +711,7 @@ def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queu
     (["--max-attempts", "1100"], "--max-attempts"), (["--backoff-base", "0"], "--backoff-base"),
     (["--job-timeout", "nan"], "--job-timeout"), (["--queue", ""], "--queue"),
     (["--records-bytes", "100"], "--records-bytes"), (["--backoff-min", "-1"], "--backoff-min"),
+    (["--keep-done-days", "-1"], "--keep-done-days"), (["--keep-done-days", "nan"], "--keep-done-days"),
 ])
 def test_a_bad_option_exits_2_naming_it_before_anything_is_claimed(client, queue, options, named):
     enqueue(client, queue, 3)
