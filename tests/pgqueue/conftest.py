@@ -137,7 +137,7 @@ def server():
             docker("run", "--detach", "--name", name, "--network", NETWORK, image, "sleep", "infinity")
             for program in ("batchq-pgqueue", "batchq-pgqueue-enqueue"):
                 docker("cp", str(EXAMPLE / program), "%s:/usr/local/bin/%s" % (name, program))
-            # where deploy.yml (and examples/queue_library/install.yml) put the modules the consumer imports
+            # where deploy.yml (and the playbook batchq.consumers.queue_library) put the modules the consumer imports
             docker("exec", name, "mkdir", "-p", LIBRARY_DIR)
             for module in (LIBRARY / "batchq_queue.py", EXAMPLE / "batchq_pgqueue.py"):
                 docker("cp", str(module), "%s:%s/%s" % (name, LIBRARY_DIR, module.name))
