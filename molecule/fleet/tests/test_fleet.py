@@ -275,9 +275,13 @@ def test_the_jobs_of_lost_batches_were_done_again_by_others():
         rows = sql("SELECT count(*) FILTER (WHERE done_by = '%s'), count(*) FILTER (WHERE state = 'done'), count(*) "
                    "FROM batchq_jobs WHERE id IN (%s)" % (batch["batch"], ",".join(map(str, batch["ids"]))))
         own, done, total = map(int, rows.split("|"))
-        assert own == 0, "a batch that never recorded its end applied results: %s" % batch
-        assert total == len(batch["ids"]), batch
-        redone[batch["batch"]] = done
+        # Each job's outcome commits on its own: a lost batch keeps the jobs it finished, and the
+        # others did the rest. A cut-off batch's end record counts the outcomes it saw committed;
+        # one more commit may have reached the server, its answer lost in the cut.
+        assert total == len(batch["ids"]) and done == total, batch
+        if batch in cut:
+            assert batch["done"] <= own <= batch["done"] + 1, "a cut-off batch applied %d results: %s" % (own, batch)
+        redone[batch["batch"]] = done - own
     # A job is done at its first attempt unless a lost batch had claimed it (every claim is recorded
     # before its commit): no attempt is used up by anything else, such as two claims racing.
     lost = {job_id for batch in killed + cut for job_id in batch["ids"]}
