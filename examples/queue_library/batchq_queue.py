@@ -425,7 +425,8 @@ class Worker:
 
     def run(self, index, timeout, keep_alive, heartbeat):
         """("done", result JSON text) or ("failed", error) of the index-th job. Raises
-        WorkerEnded with the outcome when the worker must not serve another job."""
+        WorkerEnded with the outcome when the worker must not serve another job: a crash,
+        a timeout, or ("stopped", why) when a stop or a failed queue ended the job."""
         try:
             write_all(self.orders, b"%d\n" % index)
         except OSError as exc:  # the worker died between two jobs (the OOM killer, a stray signal)
@@ -439,8 +440,12 @@ class Worker:
                 self.close()
                 raise WorkerEnded(("failed", "its work outlasted --job-timeout (%gs)" % timeout))
             ready, _writable, _errors = select.select([self.reports], [], [], min(left, heartbeat))
-            keep_alive()
+            queue_up = keep_alive()
             if not ready:
+                if not queue_up:
+                    # The queue failed (a lost connection): the job's outcome could not be recorded.
+                    self.close()
+                    raise WorkerEnded(("stopped", "the queue failed while its work ran"))
                 if self.exited():  # a process the job started may hold the pipe open: no EOF
                     break
                 continue
@@ -544,12 +549,14 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
     blocked = set()
 
     def keep_alive():
+        """Keep the held jobs claimed: False once the queue failed."""
         try:
             backend.keep_alive(held)
         except QueueError as exc:
             error = "keep_alive: %s" % clean_text(str(exc))
             if error not in errors:  # a queue down during a long job fails every heartbeat alike
                 errors.append(error)
+        return not errors
 
     def outcome(call, *values):
         try:

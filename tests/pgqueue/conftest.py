@@ -7,6 +7,7 @@ psycopg 3. The containers are named BATCHQ_HOST_PREFIX-pgqueue-* (as the
 molecule hosts are) and removed at the end, whatever the outcome.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -118,8 +119,9 @@ class Client:
         return [json.loads(line) for line in text.splitlines()]
 
 
-@pytest.fixture(scope="session")
-def server():
+@contextlib.contextmanager
+def pgqueue_fleet():
+    """The server and the clients, removed at the end whatever happened (benchmarks/queues.py uses it too)."""
     remove()
     try:
         docker("network", "create", NETWORK)
@@ -145,6 +147,12 @@ def server():
         yield
     finally:
         remove()
+
+
+@pytest.fixture(scope="session")
+def server():
+    with pgqueue_fleet():
+        yield
 
 
 @pytest.fixture(params=sorted(CLIENTS))

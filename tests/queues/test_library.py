@@ -413,6 +413,31 @@ def test_a_heartbeat_that_keeps_failing_is_reported_once(monkeypatch, capsys):
     assert capsys.readouterr().err.count("keep_alive: connection refused") == 1
 
 
+class LosesTheQueueDuringTheFirstJob(MemoryBackend):
+    """The queue's connection is lost while the first job works: every heartbeat from then fails."""
+
+    def keep_alive(self, jobs):
+        if os.path.exists(self.lost):
+            raise batchq_queue.QueueError("server closed the connection unexpectedly")
+
+
+def test_a_queue_lost_while_a_job_works_stops_that_job_at_once(monkeypatch, tmp_path):
+    monkeypatch.setattr(batchq_queue, "HEARTBEAT", 0.05)
+    backend = LosesTheQueueDuringTheFirstJob(["long", "next"])
+    backend.lost = str(tmp_path / "lost")
+
+    def long_job(job):
+        open(backend.lost, "w").close()
+        time.sleep(30)  # its outcome could never be recorded: it must not run on
+        return ok(job)
+
+    started = time.monotonic()
+    assert run(backend, long_job, job_timeout=60.0) == 1
+    assert time.monotonic() - started < 10
+    assert states(backend) == ["ready", "ready"]  # given back unstarted; the queue takes them back
+    assert [job["error"] for job in backend.jobs.values()] == [None, None]
+
+
 class Down(MemoryBackend):
     def claim(self, limit):
         raise batchq_queue.QueueError("connection refused")
