@@ -612,6 +612,7 @@ def test_results_older_than_their_days_are_pruned_a_bounded_number_a_batch(tmp_p
     fake, url = queue()
     old = [fake.add(url, "old%d" % n) for n in range(5)]
     backend = make(fake, url, tmp_path, results_days=4, wall=lambda: wall[0])
+
     def run_on():
         return batchq_queue.run_batch(backend, ok, options())
 
