@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Runs a queue consumer program with process(job) in the batch's own process.
 
-Usage: queue_inline.py PROGRAM [ARGUMENT ...]
+Usage: python3 benchmarks/queue_inline.py PROGRAM [ARGUMENT ...]
 
 The baseline of benchmarks/queues.py: the same program, the same backend and
 the same work, but no worker process. It gives up what the worker is for (a

@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 """Drains each reference queue with jobs of 1 ms: the library's worker process
-against the same work in the batch's own process (issue 39).
+against the same work in the batch's own process.
 
 Usage: make queues images && .cache/queues-venv/bin/python benchmarks/queues.py \\
            [--jobs N] [--rounds R] [--work-ms MS] [BACKEND ...]
