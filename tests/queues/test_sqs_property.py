@@ -176,8 +176,10 @@ def check(case, folder, dead_copies):
             assert len(succeeded) == 1, (index, succeeded)
         else:
             assert succeeded == [], (index, succeeded)
-            twice = kills == [{"i": index, "point": "dead"}]
-            assert copies == (2 if twice else 1), (index, copies, kills)
+            # A batch deletes its done and dead messages 10 at a time, and the rest at its end: a job
+            # that the killed batch made dead may have been copied with its delete not yet sent. Its
+            # next delivery finds its attempts spent and copies it again.
+            assert copies == 1 or (copies == 2 and index in held), (index, copies, kills, held)
         if failing >= most:
             assert not done, (index, "poison, yet done")
         elif index not in held or failing + 2 <= most:
@@ -228,6 +230,7 @@ def test_a_batch_killed_anywhere_loses_no_job_and_applies_no_result_twice(moto_u
     @example({"fails": [1, 0], "limit": 2, "max_attempts": 3, "kill": (0, 2, "work")})
     @example({"fails": [0, 1], "limit": 2, "max_attempts": 2, "kill": (0, 1, "outcome")})
     @example({"fails": [3, 0], "limit": 1, "max_attempts": 2, "kill": (0, 2, "outcome")})
+    @example({"fails": [0, 0, 0, 1, 0], "limit": 3, "max_attempts": 1, "kill": (4, 1, "work")})
     def run(case):
         run_case(sqs, moto_url, case)
 
