@@ -23,10 +23,6 @@ AFTER_RUN = "/usr/local/lib/batchq/batchq_after_run.py"
 HOOKS_STATE_DIR = "/var/lib/batchq-hooks"
 # OnSuccess= of such a consumer: its drain goes on after a deploy (templates/consumer.continue.j2).
 CONTINUE_UNIT = "batchq.continue@.service"
-# MESSAGE_ID of the record the runner writes at the end of each batch.
-BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
-# MESSAGE_ID of the runner's first record of a run, before any batch exists.
-RUN_START = "4ffa427f290f4ac7818066cbf936f167"
 
 # A consumer's units: <prefix><name>.service/.timer, or with instances the
 # templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*

@@ -35,7 +35,10 @@ DOT_PART_RE = re.compile(r"/\.\.?(/|$)")
 # The helpers a consumer needs on the host, copied from the role's files.
 DRAIN_HELPERS = ("batchq-drain",)
 AFTER_RUN_HELPERS = ("batchq_metrics.py", "batchq_after_run.py")
-HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS
+# What every helper imports: the run protocol (a link in the role's files to
+# module_utils/consumer_protocol.py, which consumer_info imports too).
+SHARED_HELPERS = ("consumer_protocol.py",)
+HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS + SHARED_HELPERS
 
 
 def _unique(values):
@@ -155,6 +158,7 @@ def helper_files(units, metrics, helper_dir):
         names += AFTER_RUN_HELPERS
     if not names:
         return []
+    names += SHARED_HELPERS
     root = {"owner": "root", "group": "root", "mode": "0755"}
     return [dict(root, path=helper_dir, state="directory")] + [
         dict(root, path="%s/%s" % (helper_dir, name), source=name) for name in names]

@@ -11,9 +11,9 @@ invocation ID, so the log lines of a run are its own.
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime, timezone
 
+from ansible_collections.batchq.consumers.plugins.module_utils import consumer_protocol as protocol
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit, unit_re
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import parse_timespan
 
@@ -27,8 +27,6 @@ PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
 UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 UNIT_SUCCEEDED = "7ad2d189f7e94e70a38c781354912448"
 RUN_MESSAGES = (JOB_STARTED, JOB_DONE, JOB_FAILED, PROCESS_EXITED, UNIT_FAILED, UNIT_SUCCEEDED)
-BATCH_FIELDS = ("BATCHQ_BATCH", "BATCHQ_RESULT", "BATCHQ_EXIT_STATUS", "BATCHQ_STARTED_USEC",
-                "BATCHQ_ENDED_USEC")
 
 SERVICE_PROPERTIES = ("Id", "LoadState", "ActiveState", "Result", "InvocationID", "ExecMainCode",
                       "ExecMainStatus", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
@@ -38,9 +36,6 @@ TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTrig
 
 # waitid()'s si_code as systemctl prints ExecMainCode, and systemd's names for it.
 EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
-SIGNALS = {1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 5: "TRAP", 6: "ABRT", 7: "BUS", 8: "FPE", 9: "KILL",
-           10: "USR1", 11: "SEGV", 12: "USR2", 13: "PIPE", 14: "ALRM", 15: "TERM", 24: "XCPU", 25: "XFSZ", 31: "SYS"}
-
 
 def monotonic_twins(properties):
     """The CLOCK_MONOTONIC twin of each timestamp property, e.g. ExecMainStartTimestampMonotonic.
@@ -134,15 +129,6 @@ def template_show(units):
     return service, timer
 
 
-def _exit_status(code, status):
-    """A number for a process that exited, the signal's name for one killed or dumped."""
-    if status is None or not str(status).isdigit():
-        return status or None
-    if code in ("killed", "dumped"):
-        return SIGNALS.get(int(status), str(status))
-    return int(status)
-
-
 def parse_journal_runs(text):
     """Finished and started runs from the manager's JSON messages, newest first.
 
@@ -168,7 +154,7 @@ def parse_journal_runs(text):
             run["finished"] = when
         elif message == PROCESS_EXITED:
             run["exit_code"] = entry.get("EXIT_CODE")
-            run["exit_status"] = _exit_status(run["exit_code"], entry.get("EXIT_STATUS"))
+            run["exit_status"] = protocol.exit_status(run["exit_code"], entry.get("EXIT_STATUS"))
         elif message == UNIT_FAILED:
             run["result"] = entry.get("UNIT_RESULT")
         elif message == UNIT_SUCCEEDED:
@@ -224,7 +210,7 @@ def last_run_from_show(service):
             "duration_s": round(finished - started, 3),
             "result": result,
             "exit_code": code,
-            "exit_status": _exit_status(code, service.get("ExecMainStatus")),
+            "exit_status": protocol.exit_status(code, service.get("ExecMainStatus")),
         }
     if invocation is None or service.get("ActiveState") not in ("inactive", "failed"):
         return None
@@ -272,19 +258,7 @@ def parse_batch_end(text):
     duration_s, result (success, backlog, exit-code, signal, timeout) and exit_status.
     """
     lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return None
-    entry = json.loads(lines[0])
-    started, ended = int(entry["BATCHQ_STARTED_USEC"]) / 1e6, int(entry["BATCHQ_ENDED_USEC"]) / 1e6
-    status = entry.get("BATCHQ_EXIT_STATUS")
-    return {
-        "number": int(entry["BATCHQ_BATCH"]),
-        "started": started,
-        "finished": ended,
-        "duration_s": round(ended - started, 3),
-        "result": entry.get("BATCHQ_RESULT"),
-        "exit_status": int(status) if str(status).isdigit() else status,
-    }
+    return protocol.parse_batch_end(json.loads(lines[0])) if lines else None
 
 
 def parse_runner(text):
@@ -298,21 +272,13 @@ def parse_runner(text):
     return 0
 
 
-_BATCH_STATUS = re.compile(r"batch (?P<number>\d+) ended: (?P<result>[a-z-]+) (?P<status>\w+) after (?P<duration>[\d.]+)s")
-
-
 def parse_batch_status(text):
     """The last batch of a drain from the StatusText batchq-drain leaves on its
     unit ("batch 12 ended: backlog 75 after 0.103s"), or None. systemd keeps it
     until the next run starts, and only the runner can set it: the batch count
     and result hold even when the journal dropped the end record."""
-    match = _BATCH_STATUS.fullmatch((text or "").strip())
-    if not match:
-        return None
-    status = match.group("status")
-    return {"number": int(match.group("number")), "started": None, "finished": None,
-            "duration_s": round(float(match.group("duration")), 3), "result": match.group("result"),
-            "exit_status": int(status) if status.isdigit() else status}
+    batch = protocol.parse_status_text(text)
+    return dict(batch, started=None, finished=None) if batch else None
 
 
 def _public(run):

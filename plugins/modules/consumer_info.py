@@ -246,9 +246,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import BATCH_END, RUN_START
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_protocol import BATCH_END, BATCH_FIELDS, RUN_START
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
-    BATCH_FIELDS,
     RUN_MESSAGES,
     SERVICE_PROPERTIES,
     TIMER_PROPERTIES,

@@ -16,6 +16,10 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import describe
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import (
+    AFTER_RUN_HELPERS,
+    DRAIN_HELPERS,
+    HELPERS,
+    SHARED_HELPERS,
     digest,
     files_to_lay_out,
     plan,
@@ -315,16 +319,17 @@ def test_each_secret_file_names_the_services_that_read_it():
 def test_a_plain_consumer_with_metrics_gets_the_after_run_helpers_and_its_metrics_files():
     files = wanted(PLAIN)
     paths = [entry["path"] for entry in files]
-    assert paths[:3] == ["/usr/local/lib/batchq", "/usr/local/lib/batchq/batchq_metrics.py",
-                         "/usr/local/lib/batchq/batchq_after_run.py"]
+    assert paths[:4] == ["/usr/local/lib/batchq", "/usr/local/lib/batchq/batchq_metrics.py",
+                         "/usr/local/lib/batchq/batchq_after_run.py", "/usr/local/lib/batchq/consumer_protocol.py"]
     # a bare host has no node_exporter: the folder is laid out (consumer_files makes its parents)
-    assert files[3] == {"path": "/var/lib/prometheus/node-exporter", "state": "directory", "mode": "a+rx"}
+    assert files[4] == {"path": "/var/lib/prometheus/node-exporter", "state": "directory", "mode": "a+rx"}
     assert "/var/lib/prometheus/node-exporter/batchq-thumbs.prom" in paths
 
 
 def test_a_drain_gets_the_runner_too():
     sources = [e.get("source") for e in wanted(dict(PLAIN, backlog_exit_code=75))]
-    assert sources[:4] == [None, "batchq-drain", "batchq_metrics.py", "batchq_after_run.py"]
+    helpers = DRAIN_HELPERS + AFTER_RUN_HELPERS + SHARED_HELPERS
+    assert sources[:1 + len(helpers)] == [None] + list(helpers)
 
 
 def test_without_metrics_or_hooks_no_helper_is_laid_out_and_metrics_files_go():
@@ -336,7 +341,7 @@ def test_without_metrics_or_hooks_no_helper_is_laid_out_and_metrics_files_go():
 def test_a_hook_needs_the_after_run_helpers_without_metrics():
     hooked = dict(PLAIN, on_failure="/usr/bin/logger failed")
     sources = [e.get("source") for e in wanted(hooked, settings={"metrics": False}) if e.get("source")]
-    assert sources == ["batchq_metrics.py", "batchq_after_run.py"]
+    assert sources == list(AFTER_RUN_HELPERS + SHARED_HELPERS)
 
 
 def test_no_consumer_left_lays_out_nothing():
@@ -379,7 +384,7 @@ def test_files_as_consumer_files_lays_them_out_are_as_the_plan_wants_until_one_c
     settings = dict(SETTINGS, metrics_dir=str(tmp_path / "textfiles"), helper_dir=str(tmp_path / "helpers"))
     host = answers(users={me: {"uid": os.getuid(), "gid": os.getgid(), "home": "/", "shell": "/bin/sh"}},
                    groups={mine: os.getgid()})
-    helpers = {"batchq_metrics.py": "# metrics\n", "batchq_after_run.py": "# after the run\n"}
+    helpers = {name: "# %s\n" % name for name in AFTER_RUN_HELPERS + SHARED_HELPERS}
     lay_out([dict(entry, owner=None, group=None) if entry.get("owner") == "root" else entry
              for entry in with_texts(wanted_files(consumers, settings), helpers.get)])
     host["stat"] = {path: describe(path) for path in questions(consumers, "batchq", settings)["stat"]}
@@ -517,7 +522,7 @@ def test_the_filter_refuses_answers_to_other_questions_naming_what_they_lack(key
 def test_the_filter_compares_the_helpers_with_the_roles_own_texts(tmp_path):
     host = answers()
     texts = {}
-    for name in ("batchq-drain", "batchq_metrics.py", "batchq_after_run.py"):
+    for name in HELPERS:
         texts[name] = "# the role's %s\n" % name
         (tmp_path / name).write_text(texts[name])
         host["stat"]["/usr/local/lib/batchq/" + name] = {"type": "file", "uid": 0, "gid": 0, "mode": 0o755,
@@ -529,4 +534,4 @@ def test_the_filter_compares_the_helpers_with_the_roles_own_texts(tmp_path):
     assert [e.get("source") for e in decided["files_to_lay_out"] if "batchq/" in e["path"]] == ["batchq-drain"]
     # without the role's files, every helper counts as different
     decided = consumer_plan_filter(drain, host, SETTINGS, "h1")
-    assert len([e for e in decided["files_to_lay_out"] if e.get("source")]) == 3
+    assert len([e for e in decided["files_to_lay_out"] if e.get("source")]) == len(HELPERS)

@@ -104,12 +104,3 @@ def test_role_takes_the_shared_names_from_consumer_names():
         "_consumer_after_run": names.AFTER_RUN,
         "_consumer_hooks_state_dir": names.HOOKS_STATE_DIR,
     }
-
-
-def test_the_runner_writes_the_record_consumer_info_reads():
-    """batchq-drain runs on the hosts on its own, so it spells the MESSAGE_ID out itself."""
-    from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names as names
-
-    runner = (ROLE / "files" / "batchq-drain").read_text()
-    assert 'BATCH_END = "%s"' % names.BATCH_END in runner
-    assert 'RUN_START = "%s"' % names.RUN_START in runner

@@ -40,9 +40,13 @@ import subprocess
 import sys
 import time
 
+# The run protocol and the metrics writer, installed beside this file: this
+# runs isolated (python3 -I), with no script folder in sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import consumer_protocol as protocol  # noqa: E402 pylint: disable=wrong-import-position
+
 STATE_DIR = "/var/lib/batchq-hooks"
 LOG_LINES = 20
-SUCCESSES = ("success",)
 C_ENV = {"LANG": "C", "LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 DEADLINE = 5.0
 
@@ -109,19 +113,16 @@ def _last_run(unit):
 
 def batch_matches(exec_start, main_pid, status_text):
     """The journal matches, besides the run's invocation, of the lines of a
-    drain's last batch: relayed by its runner (main_pid, a field journald
-    sets), numbered by it (StatusText, "batch 12 ended: ...", which only the
-    runner can set). None for a run that is not a drain's: all its lines."""
-    words = status_text.split()
-    if "batchq-drain" not in exec_start or not main_pid.isdigit() or len(words) < 2 or words[0] != "batch" \
-            or not words[1].isdigit():
+    drain's last batch (see protocol.batch_journal_matches). None for a run
+    that is not a drain's: all its lines."""
+    batch = protocol.parse_status_text(status_text)
+    if protocol.RUNNER_IDENTIFIER not in exec_start or not main_pid.isdigit() or batch is None:
         return []
-    return ["_PID=" + main_pid, "BATCHQ_BATCH=" + words[1]]
+    return protocol.batch_journal_matches(main_pid, batch)
 
 
 def _batchq_metrics():
     """batchq_metrics.py, installed beside this file; loaded only when needed."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import batchq_metrics  # pylint: disable=import-outside-toplevel
     return batchq_metrics
 
@@ -131,7 +132,8 @@ def write_metrics(consumer, unit, times, folder, interval_usec, timeout_usec, un
     started, ended = times[:2]
     run = {
         "result": os.environ.get("SERVICE_RESULT", "success"),
-        "status": batchq_metrics.exit_status(os.environ.get("EXIT_CODE", ""), os.environ.get("EXIT_STATUS")),
+        "status": protocol.exit_status_number(protocol.exit_status(os.environ.get("EXIT_CODE", ""),
+                                                                   os.environ.get("EXIT_STATUS"))),
         "started": round(started, 6), "ended": round(ended, 6),
     }
     batchq_metrics.update(folder, consumer, unit, run, int(interval_usec) / 1e6, int(timeout_usec) / 1e6,
@@ -160,7 +162,7 @@ def write_over(descriptor, data):
 
 def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery, credentials=None):
     every = int(every_usec) / 1e6
-    failed = os.environ.get("SERVICE_RESULT", "success") not in SUCCESSES
+    failed = os.environ.get("SERVICE_RESULT", "success") not in protocol.SUCCESSES
     os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
     path = os.path.join(STATE_DIR, consumer + ".json")
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -210,7 +212,7 @@ def batch_log(invocation, matches):
     for line in out.splitlines():
         entry = json.loads(line) if line.strip() else {}
         message = entry.get("MESSAGE")
-        if message is None or (matches and entry.get("SYSLOG_IDENTIFIER") == "batchq-drain"):
+        if message is None or (matches and entry.get("SYSLOG_IDENTIFIER") == protocol.RUNNER_IDENTIFIER):
             continue
         lines.append(bytes(message).decode("utf-8", "replace") if isinstance(message, list) else message)
     return "".join(text + "\n" for text in lines[-LOG_LINES:])

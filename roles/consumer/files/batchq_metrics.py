@@ -19,8 +19,9 @@ fail a batch.
 import fcntl
 import os
 import re
-import signal
 import time
+
+import consumer_protocol as protocol
 
 PREFIX = "batchq_consumer_"
 # name: (type, help); the order of the file
@@ -36,7 +37,6 @@ METRICS = {
     "interval_seconds": ("gauge", "The consumer's interval (OnUnitInactiveSec=)."),
     "timeout_seconds": ("gauge", "The consumer's timeout per batch (+Inf: none)."),
 }
-SUCCESSES = ("success", "backlog")
 # runs_total of these results is there from a unit's first batch on, at 0:
 # increase() and rate() miss the first count of a series that starts at 1.
 COUNTED_FROM_ZERO = ("success", "exit-code", "signal", "timeout")
@@ -62,20 +62,6 @@ def parse(text):
     return series
 
 
-def exit_status(exit_code, status):
-    """EXIT_STATUS as a number: the status, or 128+N for a signal (a name or a number)."""
-    if exit_code in ("exited", "") or status is None:
-        try:
-            return int(status)
-        except (TypeError, ValueError):
-            return 0
-    try:
-        number = int(status)
-    except ValueError:
-        number = signal.Signals["SIG" + status].value if "SIG" + status in signal.Signals.__members__ else 0
-    return 128 + number
-
-
 def record(series, unit, run, interval, timeout, units=()):
     """series updated with one finished batch: run has result, status, started, ended.
     units: the consumer's units now; the series of others (fewer instances
@@ -83,7 +69,7 @@ def record(series, unit, run, interval, timeout, units=()):
     new = {key: value for key, value in series.items() if not units or key[1] in units}
     for result in COUNTED_FROM_ZERO:
         new.setdefault(("runs_total", unit, result), 0)
-    ok = run["result"] in SUCCESSES
+    ok = run["result"] in protocol.SUCCESSES
     new[("last_run_start_timestamp_seconds", unit, "")] = run["started"]
     new[("last_run_end_timestamp_seconds", unit, "")] = run["ended"]
     new[("last_run_duration_seconds", unit, "")] = max(0.0, run["ended"] - run["started"])

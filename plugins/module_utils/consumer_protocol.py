@@ -1,0 +1,148 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""How a consumer's run and each batch of it end, written and read by the same code.
+
+This is the run protocol. The host-side programs write it: the drain runner
+(batchq-drain), the after-run writer and the metrics writer. The
+consumer_info module reads it back. The role installs this file on each
+host beside those programs (as consumer_protocol.py), so there is one copy.
+Standard library only: it runs on the hosts' Python 3.9 and later.
+
+The words for how a batch or a run ended are systemd's SERVICE_RESULT words
+(systemd.exec(5), "Environment variables passed to ExecStop= and
+ExecStopPost="), and one of ours: "backlog", a batch that succeeded and
+left work waiting (it exited with the consumer's backlog_exit_code).
+
+An exit status is a number for a process that exited, and a signal's name
+without "SIG" for one a signal ended ("TERM"), as systemd prints EXIT_STATUS.
+The metrics need a number: 128+N for signal N, as a shell says it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+__metaclass__ = type
+
+# MESSAGE_ID of the runner's record at the end of each batch.
+BATCH_END = "4f3c5a1e9b6d4c0e8a2f7b9d1e3c5a70"
+# MESSAGE_ID of the runner's first record of a run, written before any batch
+# exists: its _PID names the runner once a newer run of the unit started.
+RUN_START = "4ffa427f290f4ac7818066cbf936f167"
+# The fields of BATCH_END besides MESSAGE, in the order readers ask for them.
+BATCH_FIELDS = ("BATCHQ_BATCH", "BATCHQ_RESULT", "BATCHQ_EXIT_STATUS", "BATCHQ_STARTED_USEC",
+                "BATCHQ_ENDED_USEC")
+# SYSLOG_IDENTIFIER of the runner's own records; a batch's lines carry its program's.
+RUNNER_IDENTIFIER = "batchq-drain"
+
+# Results that count as a success: the metrics' last_run_success, the hooks' recovery.
+SUCCESSES = ("success", "backlog")
+# Every result a batch of a drain can have.
+BATCH_RESULTS = ("success", "backlog", "exit-code", "signal", "timeout")
+
+# "batch 12 ended: backlog 75 after 0.103s": the StatusText a drain's runner
+# leaves on its unit after each batch. systemd keeps it until the next run.
+STATUS_TEXT = "batch %d ended: %s %s after %.3fs"
+_STATUS_TEXT_RE = re.compile(
+    r"batch (?P<number>\d+) ended: (?P<result>[a-z-]+) (?P<status>\w+) after (?P<duration>[\d.]+)s")
+
+
+def signal_name(number):
+    """A signal's name as systemd prints it: 15 -> "TERM"; an unknown one as its number."""
+    try:
+        return signal.Signals(number).name[3:]
+    except ValueError:
+        return str(number)
+
+
+def exit_status(code, status):
+    """EXIT_STATUS as the protocol says it, from systemd's EXIT_CODE and EXIT_STATUS
+    (or ExecMainCode and ExecMainStatus): a number for a process that exited, a
+    signal's name for one killed or dumped. None when systemd gave none."""
+    if status is None or status == "":
+        return None
+    text = str(status)
+    if not text.isdigit():
+        return text
+    if code in ("killed", "dumped"):
+        return signal_name(int(text))
+    return int(text)
+
+
+def exit_status_number(status):
+    """A status as the metrics give it: the number, or 128+N for signal N (a name or a number)."""
+    if isinstance(status, int):
+        return status
+    text = str(status or "")
+    if text.isdigit():
+        return int(text)
+    number = getattr(signal.Signals, "SIG" + text, None)
+    return 128 + number.value if number is not None else 0
+
+
+def batch_outcome(returncode, backlog, timed_out):
+    """How a batch ended: (result, status) from its return code (negative: the
+    signal that ended it), the consumer's backlog_exit_code and whether the
+    runner ended it at its timeout."""
+    status = signal_name(-returncode) if returncode < 0 else returncode
+    if timed_out:
+        return "timeout", status
+    if returncode < 0:
+        return "signal", status
+    if returncode == backlog:
+        return "backlog", status
+    return ("success" if returncode == 0 else "exit-code"), status
+
+
+def status_text(number, result, status, seconds):
+    """The StatusText of a batch's end."""
+    return STATUS_TEXT % (number, result, status, seconds)
+
+
+def parse_status_text(text):
+    """The batch a StatusText of status_text() tells of: number, result,
+    exit_status and duration_s; None for any other text."""
+    match = _STATUS_TEXT_RE.fullmatch((text or "").strip())
+    if not match:
+        return None
+    status = match.group("status")
+    return {"number": int(match.group("number")), "result": match.group("result"),
+            "exit_status": int(status) if status.isdigit() else status,
+            "duration_s": round(float(match.group("duration")), 3)}
+
+
+def batch_end_fields(number, result, status, started, ended, identifier):
+    """The journal fields of the runner's record at a batch's end. started and
+    ended are time.time() values; identifier is the SYSLOG_IDENTIFIER of the
+    batch's own lines."""
+    return {
+        "MESSAGE": status_text(number, result, status, ended - started),
+        "MESSAGE_ID": BATCH_END, "PRIORITY": 6 if result in SUCCESSES else 4,
+        "BATCHQ_BATCH": number, "BATCHQ_RESULT": result, "BATCHQ_EXIT_STATUS": status,
+        "BATCHQ_STARTED_USEC": int(started * 1e6), "BATCHQ_ENDED_USEC": int(ended * 1e6),
+        "BATCHQ_LOG_IDENTIFIER": identifier, "SYSLOG_IDENTIFIER": RUNNER_IDENTIFIER,
+    }
+
+
+def parse_batch_end(entry):
+    """The batch a BATCH_END record tells of (a dict of journal fields): number,
+    started, finished (seconds), duration_s, result and exit_status."""
+    started, ended = int(entry["BATCHQ_STARTED_USEC"]) / 1e6, int(entry["BATCHQ_ENDED_USEC"]) / 1e6
+    status = entry.get("BATCHQ_EXIT_STATUS")
+    return {
+        "number": int(entry["BATCHQ_BATCH"]),
+        "started": started,
+        "finished": ended,
+        "duration_s": round(ended - started, 3),
+        "result": entry.get("BATCHQ_RESULT"),
+        "exit_status": int(status) if str(status).isdigit() else status,
+    }
+
+
+def batch_journal_matches(main_pid, status):
+    """The journal matches, besides the run's invocation, of the lines of a
+    drain's last batch: relayed by its runner (main_pid, a field journald sets
+    and no batch can forge), numbered by it (status, from parse_status_text)."""
+    return ["_PID=%s" % main_pid, "BATCHQ_BATCH=%d" % status["number"]]

@@ -1,0 +1,1 @@
+../../../plugins/module_utils/consumer_protocol.py
