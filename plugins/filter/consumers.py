@@ -9,7 +9,6 @@ import os
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import (
@@ -30,19 +29,17 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names im
     UNIT_DIR,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_status import problems, table
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import (
     ConsumerSpecError,
     credential_files,
     normalize_consumers,
-    preload_pythons,
     secret_files,
 )
 
 __metaclass__ = type
 
 # Each filter's documentation is the .yml file of its name beside this one
-# (consumers.yml, consumer_systemd.yml, ...), as ansible-core documents the
+# (consumers.yml, consumer_plan.yml, ...), as ansible-core documents the
 # filters of one Python file: a DOCUMENTATION here would hide them all.
 
 
@@ -118,10 +115,6 @@ def consumer_credential_files(value, defaults=None, encrypted=False):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def consumer_stale_secrets(found, normalized, removed=None, encrypted=False):
-    return stale_secrets(found, normalized, removed or (), bool(encrypted))
-
-
 def consumer_names(value):
     try:
         return NAMES[value]
@@ -129,20 +122,8 @@ def consumer_names(value):
         raise AnsibleFilterError("consumer_names: %r is not one of %s" % (value, ", ".join(sorted(NAMES)))) from exc
 
 
-def consumer_leftovers(host_paths, normalized, prefix=DEFAULT_PREFIX, exclusive=False):
-    return leftovers(host_paths, normalized, prefix, exclusive)
-
-
 def consumer_metrics_files(normalized, folder, prefix=DEFAULT_PREFIX, enabled=True, paused=None, only_paused=False):
     return metrics_files(normalized, folder, prefix, enabled, paused, only_paused)
-
-
-def consumer_python(normalized, first_lines, host="this host"):
-    return preload_pythons(normalized, first_lines or {}, host)
-
-
-def consumer_systemd(version_output, host="this host"):
-    return systemd_support(version_output, host)
 
 
 def consumer_status_table(reports, now):
@@ -160,16 +141,12 @@ class FilterModule:
             "consumers": consumers,
             "consumer_credential_files": consumer_credential_files,
             "consumer_file_texts": consumer_file_texts,
-            "consumer_leftovers": consumer_leftovers,
             "consumer_metrics_files": consumer_metrics_files,
             "consumer_names": consumer_names,
             "consumer_plan": consumer_plan,
-            "consumer_python": consumer_python,
             "consumer_questions": consumer_questions,
             "consumer_secret_files": consumer_secret_files,
-            "consumer_stale_secrets": consumer_stale_secrets,
             "consumer_status_table": consumer_status_table,
             "consumer_status_problems": consumer_status_problems,
-            "consumer_systemd": consumer_systemd,
             "consumer_units_to_write": consumer_units_to_write,
         }
