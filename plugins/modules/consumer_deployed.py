@@ -10,9 +10,10 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: consumer_deployed
-short_description: List the consumers deployed on a host, and wait until none of them runs a batch
-version_added: 0.1.0
+short_description: "Internal: list the consumers deployed on a host, and wait until none of them runs a batch"
 description:
+  - Internal. The collection's role and playbooks call it. It is not a public API and may change
+    or go in any release without notice.
   - Finds the consumers that the C(batchq.consumers.consumer) role installed on the host, by their timer
     unit files in C(/etc/systemd/system) whose names start with O(prefix), without any inventory or
     C(consumer_list). The C(batchq.consumers.consumer_control) playbook acts on what it returns.

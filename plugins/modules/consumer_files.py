@@ -10,9 +10,10 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: consumer_files
-short_description: Lay out many small files, folders and links in one step
-version_added: 0.1.0
+short_description: "Internal: lay out many small files, folders and links in one step"
 description:
+  - Internal. The collection's role and playbooks call it. It is not a public API and may change
+    or go in any release without notice.
   - Used by the C(batchq.consumers.consumer) role and the C(consumer_control) playbook for the
     consumers' helpers, secret environment files, credentials and metrics files (see the
     C(batchq.consumers.consumer_metrics_files) filter). One call does what a loop of

@@ -10,9 +10,10 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: consumer_preflight
-short_description: Ask a host what its consumers need, in one round trip, changing nothing
-version_added: 0.1.0
+short_description: "Internal: ask a host what its consumers need, in one round trip, changing nothing"
 description:
+  - Internal. The collection's role and playbooks call it. It is not a public API and may change
+    or go in any release without notice.
   - Used by the C(batchq.consumers.consumer) role before it changes a host. One call reads the
     host's systemd version, checks time spans with C(systemd-analyze timespan), looks up
     accounts by name, checks that paths exist and reads whether a run's credentials reach its

@@ -10,9 +10,10 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: consumer_units
-short_description: Verify and install systemd unit files, and start or stop timers, in one step
-version_added: 0.1.0
+short_description: "Internal: verify and install systemd unit files, and start or stop timers, in one step"
 description:
+  - Internal. The collection's role and playbooks call it. It is not a public API and may change
+    or go in any release without notice.
   - The engine of the C(batchq.consumers.consumer) role. It takes unit files rendered on the
     controller, checks them all with C(systemd-analyze verify) on a staged copy that carries the
     real unit names, and only then writes the ones whose content changed and reloads systemd.

@@ -19,6 +19,10 @@ from ansible_collections.batchq.consumers.plugins.filter.consumers import Filter
 
 ROOT = pathlib.Path(__file__).parents[2]
 COLLECTION = "batchq.consumers"
+# What users call, besides the role and the playbooks: the status playbook and the
+# guides name these. Every other plugin is the role's and the playbooks' own.
+PUBLIC = {("module", "consumer_info"), ("filter", "consumer_status_table"), ("filter", "consumer_status_problems")}
+INTERNAL = "Internal: "
 
 
 def python_documentation(path):
@@ -114,3 +118,22 @@ def test_no_two_pages_share_a_short_description():
     for page, description in sorted(pages.items()):
         assert description not in seen, "%s and %s both say %r" % (seen.get(description), page, description)
         seen[description] = page
+
+
+@pytest.mark.parametrize("plugin_type, sources", [("filter", filter_sources), ("module", module_sources)])
+def test_only_the_public_plugins_are_public(plugin_type, sources):
+    """An internal plugin says so first thing, and has no version: the docs site lists it apart
+    (tools/docs/conf.py) and the changelog leaves it out (it lists plugins by version_added)."""
+    for name, source in sources().items():
+        if (plugin_type, name) in PUBLIC:
+            assert not source["short_description"].startswith(INTERNAL), name
+            assert str(source.get("version_added")) == "0.1.0", name
+        else:
+            assert source["short_description"].startswith(INTERNAL), "%s %s is neither public nor marked internal" % (plugin_type, name)
+            assert source["description"][0].startswith("Internal. "), name
+            assert "version_added" not in source, name
+
+
+def test_every_public_plugin_exists():
+    names = {("filter", name) for name in filter_sources()} | {("module", name) for name in module_sources()}
+    assert PUBLIC <= names
