@@ -21,6 +21,12 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import differs, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runtime import (
+    SPEC_FOLDER,
+    runtime_specs,
+    spec_files,
+    stale_specs,
+)
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import preload_pythons
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_systemd import systemd_support
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import ON, starter_units, timer_changes
@@ -164,15 +170,19 @@ def helper_files(units, metrics, helper_dir):
         dict(root, path="%s/%s" % (helper_dir, name), source=name) for name in names]
 
 
-def wanted_files(units, settings):
+def wanted_files(units, settings, encrypted=False):
     """Every file and folder the consumers need laid out, in order: the
-    helpers, node_exporter's textfile folder (never taking a right away from a
-    folder other exporters may share), then each consumer's metrics files;
-    with metrics off, their removal (consumer_metrics says what and why)."""
+    helpers and the consumers' runtime specs, node_exporter's textfile folder
+    (never taking a right away from a folder other exporters may share), then
+    each consumer's metrics files; with metrics off, their removal
+    (consumer_metrics says what and why). The paths never depend on
+    encrypted (whether the host's systemd decrypts credentials): questions()
+    asks about them before the host has said."""
     kept = installed(units)
     metrics = settings["metrics"]
     folder = [{"path": settings["metrics_dir"], "state": "directory", "mode": "a+rx"}] if metrics and kept else []
-    return (helper_files(units, metrics, settings["helper_dir"]) + folder
+    return (helper_files(units, metrics, settings["helper_dir"])
+            + spec_files(runtime_specs(kept, settings, encrypted), settings["helper_dir"]) + folder
             + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics))
 
 
@@ -257,7 +267,9 @@ def removal(units, answers, settings, encrypted):
     found = answers["found"]
     left = leftovers(found.get(settings["unit_dir"], []), units, settings["prefix"], settings["exclusive"])
     secrets = found.get(settings["secrets_dir"], [])
-    absent = (left["remove"] + stale_secrets(secrets, [], left["removed"])
+    specs = found.get(specs_folder(settings), [])
+    prefixed = [settings["prefix"] + name for name in left["removed"]]
+    absent = (left["remove"] + stale_secrets(secrets, [], left["removed"]) + stale_specs(specs, {}, prefixed)
               + ["%s/%s.json" % (settings["hooks_state_dir"], name) for name in left["removed"]])
     return {
         "stop": left["stop"],
@@ -266,7 +278,16 @@ def removal(units, answers, settings, encrypted):
         "files": metrics_files(left["removed"], settings["metrics_dir"], settings["prefix"], enabled=False),
         "removed": left["removed"],
         "stale_secrets": [path for path in stale_secrets(secrets, units, (), encrypted) if path not in absent],
+        # the specs of consumers that stay but run no host-side program now
+        "stale_specs": [path for path in stale_specs(specs, runtime_specs(installed(units), settings),
+                                                     [settings["prefix"] + unit["name"] for unit in units])
+                        if path not in absent],
     }
+
+
+def specs_folder(settings):
+    """The folder of the runtime specs on the host, which consumer_preflight lists."""
+    return "%s/%s" % (settings["helper_dir"], SPEC_FOLDER)
 
 
 def plan(units, answers, settings, host="this host", sources=None):
@@ -279,6 +300,7 @@ def plan(units, answers, settings, host="this host", sources=None):
     """
     kept = installed(units)
     systemd = systemd_support(answers["systemctl_version"], host)
+    encrypted = systemd["features"]["credentials_encrypted"]
     pythons = preload_pythons(kept, answers["first_lines"], host)
     # Present consumers whose units change shape (one instance to several, or
     # back): the host still has the other shape's service. Their timers start
@@ -295,6 +317,8 @@ def plan(units, answers, settings, host="this host", sources=None):
         "installed": kept,
         "systemd": systemd,
         "pythons": pythons["pythons"],
+        # {name: {path, spec, after_run}}: what the units pass the host-side programs
+        "runtime": runtime_specs(kept, settings, encrypted),
         "problems": problems(units, answers, systemd, pythons, settings, host),
         "account": account_plan(units, answers, settings["account"]),
         "reshaped": reshaped,
@@ -314,8 +338,8 @@ def plan(units, answers, settings, host="this host", sources=None):
         "drains_by_secret": [{"path": path, "services": unit["services"]}
                              for unit in kept for path in unit["secret_paths"]],
         # what the consumers need laid out (wanted_files()) and the host lacks
-        "files_to_lay_out": files_to_lay_out(wanted_files(units, settings), answers, sources or {}),
-        "removal": removal(units, answers, settings, systemd["features"]["credentials_encrypted"]),
+        "files_to_lay_out": files_to_lay_out(wanted_files(units, settings, encrypted), answers, sources or {}),
+        "removal": removal(units, answers, settings, encrypted),
     }
 
 

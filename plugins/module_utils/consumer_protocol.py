@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """How a consumer's run and each batch of it end, written and read by the same code.
 
-This is the run protocol. The host-side programs write it: the drain runner
+This is the run protocol, with the reader of each consumer's runtime spec
+(made by module_utils/consumer_runtime.py on the controller). The host-side programs write it: the drain runner
 (batchq-drain), the after-run writer and the metrics writer. The
 consumer_info module reads it back. The role installs this file on each
 host beside those programs (as consumer_protocol.py), so there is one copy.
@@ -21,6 +22,7 @@ The metrics need a number: 128+N for signal N, as a shell says it.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -146,3 +148,35 @@ def batch_journal_matches(main_pid, status):
     drain's last batch: relayed by its runner (main_pid, a field journald sets
     and no batch can forge), numbered by it (status, from parse_status_text)."""
     return ["_PID=%s" % main_pid, "BATCHQ_BATCH=%d" % status["number"]]
+
+
+# The runtime spec's version and fields, with the types the programs rely on
+# (consumer_runtime.runtime_spec() writes them).
+SPEC_VERSION = 1
+SPEC_FIELDS = {
+    "consumer": str, "services": list, "backlog_exit_code": (int, type(None)), "timeout_usec": int,
+    "stop_timeout_usec": int, "interval_usec": int, "preload": list, "metrics_folder": (str, type(None)),
+    "hooks": (dict, type(None)), "hook_credentials": (dict, type(None)),
+}
+
+
+class SpecError(ValueError):
+    """A runtime spec that cannot be read or lacks a field: its message names the file and the field."""
+
+
+def read_spec(path):
+    """A consumer's runtime spec, from the JSON file the role installed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            spec = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise SpecError("runtime spec %s: cannot be read: %s" % (path, exc)) from None
+    if not isinstance(spec, dict) or spec.get("spec_version") != SPEC_VERSION:
+        raise SpecError("runtime spec %s: spec_version is not %d (a deploy of this collection writes it)"
+                        % (path, SPEC_VERSION))
+    for field, kind in SPEC_FIELDS.items():
+        if field not in spec:
+            raise SpecError("runtime spec %s: no field %s" % (path, field))
+        if not isinstance(spec[field], kind) or isinstance(spec[field], bool):
+            raise SpecError("runtime spec %s: field %s is %s" % (path, field, json.dumps(spec[field])))
+    return spec

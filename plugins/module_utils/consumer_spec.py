@@ -639,11 +639,6 @@ def normalize_consumer(raw, defaults, prefix):
         "secret_paths": ((["%s/%s.env" % (SECRETS_DIR, name)] if item["secret_environment"] else [])
                          + [credential_path(name, "credentials", key, encrypted)
                             for key, _value in credentials["credentials"] for encrypted in (False, True)]),
-        # the arguments of batchq_after_run.py --hook-credentials, by form: the form and NAME:PATH of each, as JSON
-        "hook_credentials": {form: " ".join(systemd_quote(word) for word in [form, json.dumps([
-            "%s:%s" % (key, credential_path(name, "hook_credentials", key, form == "encrypted"))
-            for key, _value in credentials["hook_credentials"]])])
-            for form in ("plain", "encrypted")} if credentials["hook_credentials"] else None,
         # {field: [{name, path, encrypted_path}]}: what LoadCredential(Encrypted)= loads, for the batch and for its hooks
         "credentials": {field: [{"name": key, "path": credential_path(name, field, key),
                                  "encrypted_path": credential_path(name, field, key, True)}
@@ -673,10 +668,10 @@ def normalize_consumer(raw, defaults, prefix):
         "stop_timeout_usec": usec["stop_timeout"],
         # for the metrics (batchq_consumer_interval_seconds)
         "interval_usec": int(round(parse_timespan(item["interval"]) * 1e6)),
-        # the arguments of batchq_after_run.py --hooks, quoted for ExecStopPost=
-        "hooks": None if not any(hooks.values()) else " ".join(systemd_quote(word) for word in (
-            str(int(round(parse_timespan(item["on_failure_every"]) * 1e6))),
-            json.dumps(hooks["on_failure"]), json.dumps(hooks["on_recovery"]))),
+        # the failure hooks, as the runtime spec gives them to batchq_after_run.py
+        "hooks": None if not any(hooks.values()) else {
+            "every_usec": int(round(parse_timespan(item["on_failure_every"]) * 1e6)),
+            "on_failure": hooks["on_failure"], "on_recovery": hooks["on_recovery"]},
         "resources": _resources(name, item),
         "service_options": _raw_options(name, "service_options", item["service_options"]),
         "timer_options": _raw_options(name, "timer_options", item["timer_options"]),

@@ -4,7 +4,9 @@ import importlib.util
 import json
 import os
 
-from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names
+import pytest
+
+from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names, consumer_runtime, consumer_spec
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "consumer", "files", "batchq_after_run.py")
 SPEC = importlib.util.spec_from_file_location("batchq_after_run", SCRIPT)
@@ -92,14 +94,36 @@ def test_a_drains_failed_batch_log_is_its_last_batch_relayed_by_its_runner():
     assert after_run.batch_matches(runner, "4242", "") == []
 
 
-def test_a_hook_unit_loads_the_hook_credentials_as_the_role_wrote_them():
-    pairs = json.dumps(["token:/etc/batchq/mail.token.hookcred", "key:/etc/batchq/mail.key.hookcred"])
-    assert after_run.credential_properties(("encrypted", pairs)) == [
-        "--property=LoadCredentialEncrypted=token:/etc/batchq/mail.token.hookcred",
-        "--property=LoadCredentialEncrypted=key:/etc/batchq/mail.key.hookcred"]
-    assert after_run.credential_properties(("plain", pairs))[0] == (
-        "--property=LoadCredential=token:/etc/batchq/mail.token.hookcred")
-    assert after_run.credential_properties(None) == []
+def mail_spec(tmp_path, encrypted, **item):
+    """The runtime spec the role writes for a consumer "mail", as this program reads it back."""
+    consumer = consumer_spec.normalize_consumers([dict({"name": "mail", "command": "/bin/true"}, **item)])[0]
+    settings = {"metrics": True, "metrics_dir": "/var/lib/textfiles", "prefix": "batchq-", "helper_dir": str(tmp_path)}
+    specs = consumer_runtime.runtime_specs([consumer], settings, encrypted)
+    path = tmp_path / "mail.json"
+    path.write_text(consumer_runtime.spec_text(specs["mail"]["spec"]))
+    return after_run.protocol.read_spec(str(path))
+
+
+def test_a_hook_unit_loads_the_hook_credentials_as_the_role_wrote_them(tmp_path):
+    hooked = {"on_failure": "/usr/bin/logger failed", "hook_credentials": {"token": "t", "key": "k"}}
+    assert after_run.credential_properties(mail_spec(tmp_path, True, **hooked)["hook_credentials"]) == [
+        "--property=LoadCredentialEncrypted=key:/etc/batchq/mail.key.hookcred-encrypted",
+        "--property=LoadCredentialEncrypted=token:/etc/batchq/mail.token.hookcred-encrypted"]
+    assert after_run.credential_properties(mail_spec(tmp_path, False, **hooked)["hook_credentials"])[0] == (
+        "--property=LoadCredential=key:/etc/batchq/mail.key.hookcred")
+    assert after_run.credential_properties(mail_spec(tmp_path, False)["hook_credentials"]) == []
+
+
+def test_a_spec_that_is_not_the_roles_is_refused_naming_the_file_and_field(tmp_path):
+    path = tmp_path / "mail.json"
+    spec = json.loads(consumer_runtime.spec_text(mail_spec(tmp_path, False)))
+    for broken, field in ((dict(spec, interval_usec="10s"), "interval_usec"), (dict(spec, spec_version=2), "spec_version"),
+                          ({k: v for k, v in spec.items() if k != "services"}, "services")):
+        path.write_text(json.dumps(broken))
+        with pytest.raises(after_run.protocol.SpecError, match="%s.*%s" % (path, field)):
+            after_run.protocol.read_spec(str(path))
+    # the unit's ExecStopPost= never fails the run: one line on stderr, exit 0
+    assert after_run.main(["--spec", str(path), "--unit", "batchq-mail.service"]) == 0
 
 
 def test_a_state_written_over_a_longer_one_is_whole_at_each_step(tmp_path):

@@ -321,8 +321,10 @@ def test_a_plain_consumer_with_metrics_gets_the_after_run_helpers_and_its_metric
     paths = [entry["path"] for entry in files]
     assert paths[:4] == ["/usr/local/lib/batchq", "/usr/local/lib/batchq/batchq_metrics.py",
                          "/usr/local/lib/batchq/batchq_after_run.py", "/usr/local/lib/batchq/consumer_protocol.py"]
+    # then its runtime spec, which the after-run writer reads
+    assert paths[4:6] == ["/usr/local/lib/batchq/specs", "/usr/local/lib/batchq/specs/batchq-thumbs.json"]
     # a bare host has no node_exporter: the folder is laid out (consumer_files makes its parents)
-    assert files[4] == {"path": "/var/lib/prometheus/node-exporter", "state": "directory", "mode": "a+rx"}
+    assert files[6] == {"path": "/var/lib/prometheus/node-exporter", "state": "directory", "mode": "a+rx"}
     assert "/var/lib/prometheus/node-exporter/batchq-thumbs.prom" in paths
 
 
@@ -437,7 +439,7 @@ THUMBS_ON_HOST = on_host(["batchq-thumbs.service", "batchq-thumbs.timer", "batch
 @pytest.mark.parametrize("suite", SUITES)
 def test_a_fresh_host_has_nothing_to_remove(suite):
     assert planned(PLAIN, suite=suite)["removal"] == {
-        "stop": [], "drain": [], "absent": [], "files": [], "removed": [], "stale_secrets": []}
+        "stop": [], "drain": [], "absent": [], "files": [], "removed": [], "stale_secrets": [], "stale_specs": []}
 
 
 def test_a_consumer_marked_absent_goes_with_its_units_secrets_hook_state_and_metrics():
@@ -465,7 +467,7 @@ def test_a_consumer_not_listed_stays_unless_the_list_is_exclusive(exclusive, rem
 def test_the_users_own_drop_in_of_a_consumer_that_stays_is_kept():
     removal = planned(dict(PLAIN, secret_environment={"A": "1"}, credentials={"token": "x"}),
                       suite="bullseye", **THUMBS_ON_HOST)["removal"]
-    assert removal == {"stop": [], "drain": [], "absent": [], "files": [], "removed": [], "stale_secrets": []}
+    assert removal == {"stop": [], "drain": [], "absent": [], "files": [], "removed": [], "stale_secrets": [], "stale_specs": []}
 
 
 @pytest.mark.parametrize("instances, host_shape", [(2, ""), (1, "@")])
@@ -531,7 +533,69 @@ def test_the_filter_compares_the_helpers_with_the_roles_own_texts(tmp_path):
     host["stat"]["/usr/local/lib/batchq"] = {"type": "directory", "uid": 0, "gid": 0, "mode": 0o755}
     drain = units(dict(PLAIN, backlog_exit_code=75))
     decided = consumer_plan_filter(drain, host, SETTINGS, "h1", str(tmp_path))
-    assert [e.get("source") for e in decided["files_to_lay_out"] if "batchq/" in e["path"]] == ["batchq-drain"]
+    assert [e.get("source") for e in decided["files_to_lay_out"] if e.get("source")] == ["batchq-drain"]
     # without the role's files, every helper counts as different
     decided = consumer_plan_filter(drain, host, SETTINGS, "h1")
     assert len([e for e in decided["files_to_lay_out"] if e.get("source")]) == len(HELPERS)
+
+
+# Runtime specs: what the host-side programs read of each consumer
+def spec_on_host(decided, name="thumbs"):
+    """The spec file the plan lays out for a consumer, read back as the programs read it."""
+    path = "/usr/local/lib/batchq/specs/batchq-%s.json" % name
+    entry = next(e for e in decided["files_to_lay_out"] if e["path"] == path)
+    assert (entry["owner"], entry["group"], entry["mode"]) == ("root", "root", "0644")
+    return json.loads(entry["content"])
+
+
+def test_a_drain_gets_a_runtime_spec_with_all_its_programs_need():
+    drain = dict(PLAIN, instances=2, backlog_exit_code=75, timeout="5min", stop_timeout="10s", interval="30s",
+                 preload=["json"], command="/usr/bin/python3 /opt/drain.py", on_failure="/usr/bin/logger x")
+    decided = planned(drain)
+    assert spec_on_host(decided) == {
+        "spec_version": 1, "consumer": "thumbs", "services": ["batchq-thumbs@1.service", "batchq-thumbs@2.service"],
+        "backlog_exit_code": 75, "timeout_usec": 300000000, "stop_timeout_usec": 10000000, "interval_usec": 30000000,
+        "preload": ["json"], "metrics_folder": "/var/lib/prometheus/node-exporter/batchq-thumbs.d",
+        "hooks": {"every_usec": 900000000, "on_failure": ["/usr/bin/logger", "x"], "on_recovery": None},
+        "hook_credentials": None}
+    assert decided["runtime"]["thumbs"]["after_run"] is True  # its hooks
+    assert decided["runtime"]["thumbs"]["spec"] == spec_on_host(decided)
+
+
+@pytest.mark.parametrize("consumer, settings, after_run", [
+    (PLAIN, {}, True),  # metrics after each run
+    (dict(PLAIN, backlog_exit_code=75), {}, False),  # the runner writes them after each batch
+    (dict(PLAIN, backlog_exit_code=75), {"metrics": False}, False),
+    (dict(PLAIN, on_recovery="/usr/bin/logger ok"), {"metrics": False}, True),
+])
+def test_the_after_run_writer_runs_only_where_it_has_work(consumer, settings, after_run):
+    assert planned(consumer, settings=settings)["runtime"]["thumbs"]["after_run"] is after_run
+
+
+def test_a_consumer_that_runs_no_host_program_has_no_spec():
+    decided = planned(PLAIN, settings={"metrics": False})
+    assert decided["runtime"] == {}
+    assert not [e for e in decided["files_to_lay_out"] if "/specs" in e["path"]]
+
+
+@pytest.mark.parametrize("suite, setting", [("bullseye", "plain"), ("bookworm", "encrypted")])
+def test_the_spec_names_the_hook_credentials_in_the_form_the_hosts_systemd_reads(suite, setting):
+    hooked = dict(PLAIN, on_failure="/usr/bin/logger x", hook_credentials={"token": "t0ken"})
+    spec = spec_on_host(planned(hooked, suite=suite))
+    suffix = "-encrypted" if setting == "encrypted" else ""
+    assert spec["hook_credentials"] == {"encrypted": setting == "encrypted",
+                                        "load": ["token:/etc/batchq/thumbs.token.hookcred" + suffix]}
+    assert "t0ken" not in json.dumps(spec)
+
+
+def test_specs_no_consumer_has_go_and_those_of_others_stay():
+    folder = "/usr/local/lib/batchq/specs/"
+    found = {folder[:-1]: [folder + name for name in (
+        "batchq-thumbs.json", "batchq-gone.json", "batchq-someone-elses.json", "batchq-quiet.json")]}
+    found[UNIT_DIR] = [UNIT_DIR + "/batchq-gone.service", UNIT_DIR + "/batchq-gone.timer"]
+    decided = planned(PLAIN, dict(PLAIN, name="gone", state="absent"), dict(PLAIN, name="quiet"),
+                      settings={"metrics": False}, found=found)
+    # gone: with its units; quiet: runs no host program now (metrics off)
+    assert folder + "batchq-gone.json" in decided["removal"]["absent"]
+    assert decided["removal"]["stale_specs"] == [folder + "batchq-quiet.json", folder + "batchq-thumbs.json"]
+    assert not [path for path in decided["removal"]["absent"] if "someone-elses" in path]

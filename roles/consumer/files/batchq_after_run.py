@@ -4,18 +4,21 @@
 """After each run of a consumer: its Prometheus metrics and its failure hooks.
 
 Usage (the unit's ExecStopPost=, as root, outside the sandbox):
-    batchq_after_run.py CONSUMER UNIT [--metrics FOLDER INTERVAL_USEC TIMEOUT_USEC UNITS]
-                        [--hooks EVERY_USEC ON_FAILURE_JSON ON_RECOVERY_JSON
-                         [--hook-credentials plain|encrypted NAME_PATH_JSON]]
+    batchq_after_run.py --spec SPEC_PATH --unit UNIT
 and, in a hook's own transient unit:
     batchq_after_run.py --run-hook
+
+SPEC_PATH is the consumer's runtime spec (JSON, written by the role; see
+consumer_protocol.read_spec). It says where the metrics go (metrics_folder;
+none: no metrics), which failure hooks run (hooks) and which credentials
+their units load (hook_credentials).
 
 How the run ended comes from systemd: SERVICE_RESULT, EXIT_CODE, EXIT_STATUS
 and INVOCATION_ID (all there for ExecStopPost= since systemd 232), its times
 from `systemctl show`. A drain writes its metrics after each batch itself
 (batchq-drain); its failed batch is always the last of its run, so its hooks
-are run from here too. UNITS: the consumer's services, comma-separated (the
-series of any other unit are dropped from its file).
+are run from here too. The spec's services are the consumer's units now: the
+series of any other unit are dropped from its file.
 
 systemd runs this within the unit's stop timeout and cgroup limits: every
 command and lock here has a deadline (DEADLINE), so that it can never hold
@@ -127,7 +130,7 @@ def _batchq_metrics():
     return batchq_metrics
 
 
-def write_metrics(consumer, unit, times, folder, interval_usec, timeout_usec, units):
+def write_metrics(unit, times, spec):
     batchq_metrics = _batchq_metrics()
     started, ended = times[:2]
     run = {
@@ -136,18 +139,17 @@ def write_metrics(consumer, unit, times, folder, interval_usec, timeout_usec, un
                                                                    os.environ.get("EXIT_STATUS"))),
         "started": round(started, 6), "ended": round(ended, 6),
     }
-    batchq_metrics.update(folder, consumer, unit, run, int(interval_usec) / 1e6, int(timeout_usec) / 1e6,
-                          tuple(units.split(",")))
+    batchq_metrics.update(spec["metrics_folder"], spec["consumer"], unit, run, spec["interval_usec"] / 1e6,
+                          spec["timeout_usec"] / 1e6, tuple(spec["services"]))
 
 
 def credential_properties(credentials):
-    """systemd-run properties that give a hook's unit the consumer's hook_credentials:
-    (MODE, JSON list of NAME:PATH) from --hook-credentials, or None."""
+    """systemd-run properties that give a hook's unit the consumer's hook_credentials
+    (the spec's: encrypted or not, and NAME:PATH of each), or none."""
     if not credentials:
         return []
-    mode, pairs = credentials
-    setting = "LoadCredentialEncrypted" if mode == "encrypted" else "LoadCredential"
-    return ["--property=%s=%s" % (setting, pair) for pair in json.loads(pairs)]
+    setting = "LoadCredentialEncrypted" if credentials["encrypted"] else "LoadCredential"
+    return ["--property=%s=%s" % (setting, pair) for pair in credentials["load"]]
 
 
 def write_over(descriptor, data):
@@ -160,8 +162,9 @@ def write_over(descriptor, data):
     os.ftruncate(descriptor, len(data))
 
 
-def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery, credentials=None):
-    every = int(every_usec) / 1e6
+def run_hooks(unit, times, spec):
+    consumer, hooks = spec["consumer"], spec["hooks"]
+    every = hooks["every_usec"] / 1e6
     failed = os.environ.get("SERVICE_RESULT", "success") not in protocol.SUCCESSES
     os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
     path = os.path.join(STATE_DIR, consumer + ".json")
@@ -177,7 +180,7 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery, creden
         # here (seconds on a loaded host) must not move the period
         state, hook = hook_decision(state, unit, failed, times[1], every)
         write_over(handle.fileno(), json.dumps(state).encode("utf-8"))
-    argv = json.loads({"on_failure": on_failure, "on_recovery": on_recovery}[hook[0]]) if hook else None
+    argv = hooks[hook[0]] if hook else None
     if not argv:
         return
     kind, failures = hook
@@ -195,7 +198,7 @@ def run_hooks(consumer, unit, times, every_usec, on_failure, on_recovery, creden
          "--description=%s of batchq consumer %s" % (kind, consumer),
          "--property=RuntimeMaxSec=%d" % max(1, int(every) if every else 60)]
         # its secrets as files in its own $CREDENTIALS_DIRECTORY, never in its environment
-        + credential_properties(credentials)
+        + credential_properties(spec["hook_credentials"])
         + ["--setenv=%s=%s" % pair for pair in sorted(environment.items())]
         + ["/usr/bin/python3", "-I", os.path.abspath(__file__), "--run-hook"],
         check=True, env=C_ENV, timeout=DEADLINE)
@@ -231,24 +234,29 @@ def run_hook():
 def main(args):
     if args == ["--run-hook"]:
         return run_hook()
-    consumer, unit, rest = args[0], args[1], args[2:]
-    options = {}
-    while rest:
-        count = {"--metrics": 4, "--hooks": 3, "--hook-credentials": 2}[rest[0]]
-        options[rest[0]], rest = rest[1:1 + count], rest[1 + count:]
-    if "--hooks" in options:
-        options["--hooks"] = options["--hooks"] + [options.pop("--hook-credentials", None)]
+    if len(args) != 4 or args[0] != "--spec" or args[2] != "--unit":
+        sys.stderr.write("usage: batchq_after_run.py --spec SPEC_PATH --unit UNIT | --run-hook\n")
+        return 0
+    unit = args[3]
+    try:
+        spec = protocol.read_spec(args[1])
+    except protocol.SpecError as exc:
+        sys.stderr.write("batchq_after_run: %s\n" % exc)
+        return 0
     try:
         times = _last_run(unit)
     except Exception as exc:  # pylint: disable=broad-except
         sys.stderr.write("batchq_after_run: times of %s unknown: %s\n" % (unit, exc))
         times = (time.time(), time.time(), [])
-    for option, action in (("--metrics", write_metrics), ("--hooks", run_hooks)):
-        if option in options:
+    # A drain's runner writes its metrics after each batch itself.
+    writes_metrics = spec["metrics_folder"] and spec["backlog_exit_code"] is None
+    for what, action in (("metrics", write_metrics if writes_metrics else None),
+                         ("hooks", run_hooks if spec["hooks"] else None)):
+        if action:
             try:
-                action(consumer, unit, times, *options[option])
+                action(unit, times, spec)
             except Exception as exc:  # pylint: disable=broad-except
-                sys.stderr.write("batchq_after_run: %s of %s failed: %s\n" % (option[2:], unit, exc))
+                sys.stderr.write("batchq_after_run: %s of %s failed: %s\n" % (what, unit, exc))
     return 0
 
 

@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright: batchq.consumers contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Each consumer's runtime spec: what the host-side programs need to run it.
+
+The planner makes one spec per consumer that runs a host-side program: the
+drain runner (backlog_exit_code) or the after-run writer (metrics, failure
+hooks). The role installs it as JSON beside those programs, root's and
+readable by all: it never holds a secret, only the paths systemd loads them
+from. The unit files pass its path (--spec) and the unit's name (--unit %n);
+the programs read everything else from it. A change to what they need is a
+change here and in the program that reads it, not in a command line.
+
+The time spans are in microseconds, as systemd counts them; 0 means none.
+"""
+
+from __future__ import annotations
+
+import json
+
+__metaclass__ = type
+
+SPEC_VERSION = 1
+# The folder of the specs, in the helpers' folder.
+SPEC_FOLDER = "specs"
+
+
+def spec_path(helper_dir, prefix, name):
+    """Where a consumer's spec lives on the host: <helpers>/specs/<prefix><name>.json."""
+    return "%s/%s/%s%s.json" % (helper_dir, SPEC_FOLDER, prefix, name)
+
+
+def metrics_folder(metrics_dir, prefix, name):
+    """The folder a consumer's metrics file is written in (see consumer_metrics)."""
+    return "%s/%s%s.d" % (metrics_dir, prefix, name)
+
+
+def runs_after_run(unit, metrics):
+    """Whether the unit's ExecStopPost= runs the after-run writer: for its failure
+    hooks, or for its metrics when no drain runner writes them after each batch."""
+    return bool(unit["hooks"]) or (bool(metrics) and not unit["backlog_exit_code"])
+
+
+def has_spec(unit, metrics):
+    """Whether a consumer runs a host-side program, which reads its spec."""
+    return bool(unit["backlog_exit_code"]) or runs_after_run(unit, metrics)
+
+
+def runtime_spec(unit, settings, encrypted):
+    """The spec of a normalised consumer (consumer_spec), with the plan's
+    settings and whether the host's systemd decrypts credentials."""
+    hook_credentials = unit["credentials"]["hook_credentials"] if unit["hooks"] else []
+    return {
+        "spec_version": SPEC_VERSION,
+        "consumer": unit["name"],
+        # the consumer's services now: the metrics of others (fewer instances) are dropped
+        "services": unit["services"],
+        "backlog_exit_code": unit["backlog_exit_code"],
+        "timeout_usec": unit["timeout_usec"],
+        "stop_timeout_usec": unit["stop_timeout_usec"],
+        "interval_usec": unit["interval_usec"],
+        "preload": unit["preload"],
+        "metrics_folder": metrics_folder(settings["metrics_dir"], settings["prefix"], unit["name"])
+        if settings["metrics"] else None,
+        "hooks": unit["hooks"],
+        # loaded into each hook's own unit: LoadCredentialEncrypted= or LoadCredential=
+        "hook_credentials": {
+            "encrypted": bool(encrypted),
+            "load": ["%s:%s" % (entry["name"], entry["encrypted_path" if encrypted else "path"])
+                     for entry in hook_credentials],
+        } if hook_credentials else None,
+    }
+
+
+def spec_text(spec):
+    """The spec's file: stable JSON, so that an unchanged spec is an unchanged file."""
+    return json.dumps(spec, indent=1, sort_keys=True) + "\n"
+
+
+def runtime_specs(units, settings, encrypted=False):
+    """{name: {"path", "spec", "after_run"}} for the installed consumers that have a spec."""
+    return {
+        unit["name"]: {"path": spec_path(settings["helper_dir"], settings["prefix"], unit["name"]),
+                       "spec": runtime_spec(unit, settings, encrypted),
+                       "after_run": runs_after_run(unit, settings["metrics"])}
+        for unit in units if unit["state"] != "absent" and has_spec(unit, settings["metrics"])
+    }
+
+
+def spec_files(specs, helper_dir):
+    """The consumer_files entries that lay out the specs: their folder, then each file."""
+    if not specs:
+        return []
+    root = {"owner": "root", "group": "root"}
+    return [dict(root, path="%s/%s" % (helper_dir, SPEC_FOLDER), state="directory", mode="0755")] + [
+        dict(root, path=entry["path"], state="file", mode="0644", content=spec_text(entry["spec"]))
+        for _name, entry in sorted(specs.items())]
+
+
+def stale_specs(found, specs, owners):
+    """The spec files of found (the specs folder's files) that no consumer has any
+    more: those of owners (the consumers listed, and those removed) that are not
+    in specs. Another playbook's consumer's spec is left alone."""
+    wanted = {entry["path"] for entry in specs.values()}
+    stale = []
+    for path in found:
+        stem = path.rsplit("/", 1)[-1][:-len(".json")] if path.endswith(".json") else None
+        if stem is not None and path not in wanted and any(stem == owner for owner in owners):
+            stale.append(path)
+    return sorted(stale)
