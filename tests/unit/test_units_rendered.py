@@ -1,0 +1,146 @@
+"""The unit files and runtime specs of every molecule scenario's consumers, on
+the answers of real Debian 11, 12, 13 and testing hosts, rendered as the role
+renders them, without a host.
+
+The role renders the units with one template lookup (consumer.units.j2) from
+the plan. Here the same templates are rendered with Jinja2 and ansible-core's
+own filters, from the plan of the same consumers on each recorded host
+(tests/unit/fixtures/<suite>/preflight.json). Molecule proves what needs
+systemd; this proves, for every consumer of every scenario on every release,
+that the units and the specs the host-side programs read agree.
+"""
+
+import configparser
+import json
+import pathlib
+import re
+
+import jinja2
+import pytest
+import yaml
+
+from ansible.plugins.filter.core import FilterModule
+from ansible_collections.batchq.consumers.plugins.filter.consumers import consumers as normalized
+from ansible_collections.batchq.consumers.plugins.module_utils import consumer_names
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan import plan, questions, with_texts, wanted_files
+
+ROOT = pathlib.Path(__file__).parents[2]
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+SUITES = {"bullseye": "debian11", "bookworm": "debian12", "trixie": "debian13", "forky": "debiantesting"}
+SCENARIOS = ["compat", "default", "drain", "faults", "fleet", "info"]
+METRICS_DIR = "/var/lib/prometheus/node-exporter"
+HELPER_DIR = consumer_names.DRAIN_RUNNER.rsplit("/", 1)[0]
+# a form of the role's vars/main.yml and defaults/main.yml, as the role resolves them
+SETTINGS = {"account": consumer_names.DEFAULT_ACCOUNT, "prefix": "batchq-", "exclusive": False, "metrics": True,
+            "metrics_dir": METRICS_DIR, "helper_dir": HELPER_DIR, "unit_dir": consumer_names.UNIT_DIR,
+            "secrets_dir": consumer_names.SECRETS_DIR, "hooks_state_dir": consumer_names.HOOKS_STATE_DIR}
+
+
+def group_vars(scenario, suite):
+    """The scenario's consumers group's variables, their Jinja resolved as for that suite's host."""
+    variables = yaml.safe_load((ROOT / "molecule" / scenario / "group_vars" / "consumers.yml").read_text())
+    context = dict(variables, inventory_hostname="batchq-%s-%s" % (scenario, SUITES[suite]),
+                   groups={"queue_db": ["batchq-fleet-db"]}, pgqueue_password="secret")
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    environment.filters.update(FilterModule().filters())
+    environment.tests["search"] = lambda value, pattern: re.search(pattern, value) is not None
+
+    def resolve(value):
+        if isinstance(value, str) and "{{" in value:
+            rendered = environment.from_string(value).render(context)
+            return yaml.safe_load(rendered) if rendered.startswith(("{", "[")) else rendered
+        if isinstance(value, list):
+            return [resolve(item) for item in value]
+        if isinstance(value, dict):
+            return {key: resolve(item) for key, item in value.items()}
+        return value
+    context["pgqueue_pooler"] = resolve(variables.get("pgqueue_pooler", False)) == "True"
+    return resolve(variables["consumer_list"]), resolve(variables.get("consumer_defaults", {}))
+
+
+def host_answers(suite, units):
+    """The recorded host's answers, with a #! line of python3 for each preloaded script asked about."""
+    answers = json.loads((FIXTURES / suite / "preflight.json").read_text())
+    answers["first_lines"] = dict(answers["first_lines"], **{
+        script: "#!/usr/bin/python3" for script in questions(units, "batchq", SETTINGS)["first_lines"]})
+    return answers
+
+
+def render(decided):
+    """The unit files of a plan, as preflight.yml renders them: {name: text}."""
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles" / "consumer" / "templates")),
+                                     undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    environment.filters.update(FilterModule().filters())
+    text = environment.get_template("consumer.units.j2").render(
+        ansible_managed="Ansible managed", consumer_metrics_dir=METRICS_DIR,
+        _consumer_installed=decided["installed"], _consumer_systemd=decided["systemd"],
+        _consumer_pythons=decided["pythons"], _consumer_metrics=decided["settings"]["metrics"],
+        _consumer_runtime=decided["runtime"], _consumer_drain_runner=consumer_names.DRAIN_RUNNER,
+        _consumer_after_run=consumer_names.AFTER_RUN, _consumer_continue_unit=consumer_names.CONTINUE_UNIT)
+    return json.loads(text)
+
+
+def settings_of(text):
+    """A unit file's settings: {(section, key): [values]}, comments and blank lines left out."""
+    found, section = {}, None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, value = line.split("=", 1)
+        found.setdefault((section, key), []).append(value)
+    return found
+
+
+CASES = [(scenario, suite) for scenario in SCENARIOS for suite in SUITES]
+
+
+@pytest.mark.parametrize("scenario, suite", CASES)
+def test_each_consumers_units_pass_its_programs_the_spec_the_role_lays_out(scenario, suite):
+    consumer_list, defaults = group_vars(scenario, suite)
+    units = normalized(consumer_list, defaults)
+    decided = plan(units, host_answers(suite, units), SETTINGS, suite)
+    files = render(decided)
+    laid_out = {entry["path"]: entry for entry in with_texts(wanted_files(units, SETTINGS,
+                                                                          decided["systemd"]["features"]
+                                                                          ["credentials_encrypted"]), str)}
+    assert decided["installed"], "the scenario deploys no consumer"
+    for unit in decided["installed"]:
+        service = settings_of(files[unit["service_unit"]])
+        assert unit["timer_unit"] in files
+        runtime = decided["runtime"].get(unit["name"])
+        exec_start = " ".join(service[("Service", "ExecStart")])
+        stop_post = service.get(("Service", "ExecStopPost"), [])
+        if runtime:
+            # the spec the units name is the one laid out, as the programs read it
+            assert json.loads(laid_out[runtime["path"]]["content"]) == runtime["spec"]
+        if unit["backlog_exit_code"]:
+            assert re.search(r" --spec %s --unit %%n -- " % re.escape(runtime["path"]), exec_start), exec_start
+            assert service[("Service", "SuccessExitStatus")] == [str(unit["backlog_exit_code"])]
+            assert (("Unit", "OnSuccess") in service) == decided["systemd"]["features"]["drain_continue"]
+        else:
+            assert "--spec" not in exec_start
+        if runtime and runtime["after_run"]:
+            assert stop_post == ["-+/usr/bin/python3 -I %s --spec %s --unit %%n" % (consumer_names.AFTER_RUN,
+                                                                                runtime["path"])]
+        else:
+            assert stop_post == []
+
+
+@pytest.mark.parametrize("scenario, suite", CASES)
+def test_no_unit_holds_a_value_the_template_left_unset(scenario, suite):
+    consumer_list, defaults = group_vars(scenario, suite)
+    units = normalized(consumer_list, defaults)
+    files = render(plan(units, host_answers(suite, units), SETTINGS, suite))
+    for name, text in files.items():
+        assert "{{" not in text and "{%" not in text, name
+        for (section, key), values in settings_of(text).items():
+            assert section in ("Unit", "Service", "Timer", "Install", "X-Batchq"), (name, section)
+            assert all(value.strip() not in ("", "None") for value in values if key != "CapabilityBoundingSet"
+                       and key != "AmbientCapabilities"), (name, key, values)
+    # systemd reads what configparser reads (one key per line, no continuation here)
+    for text in files.values():
+        configparser.ConfigParser(strict=False, interpolation=None).read_string(
+            "\n".join(line for line in text.splitlines() if not line.startswith("#")))
