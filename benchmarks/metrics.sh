@@ -3,8 +3,8 @@
 # Usage: make images && benchmarks/metrics.sh [RUNS]
 # Prints the median (and range) of
 #  - a plain consumer: the unit's ExecStopPost= command, batchq_after_run.py
-#    with --metrics, as systemd runs it after a batch (python3, systemctl show,
-#    the file), wall time added to each run;
+#    with the consumer's runtime spec, as systemd runs it after a batch
+#    (python3, the spec, systemctl show, the file), wall time added to each run;
 #  - a drain: one update() in the runner after each batch of a consumer whose
 #    file already holds 4 instances' series.
 set -euo pipefail
@@ -14,8 +14,8 @@ host=${BATCHQ_HOST_PREFIX:-batchq}-metrics-bench
 trap 'docker rm -f "$host" >/dev/null 2>&1 || true' EXIT
 tools/systemd-container.sh "$host" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
 docker exec "$host" mkdir -p /usr/local/lib/batchq
-for file in batchq_metrics.py batchq_after_run.py; do
-  docker cp "roles/consumer/files/$file" "$host:/usr/local/lib/batchq/$file"
+for file in batchq_metrics.py batchq_after_run.py consumer_protocol.py; do
+  docker cp -L "roles/consumer/files/$file" "$host:/usr/local/lib/batchq/$file"
 done
 for _ in $(seq 60); do
   docker exec "$host" systemctl is-system-running 2>/dev/null | grep -qE '^(running|degraded)$' && break
@@ -25,15 +25,22 @@ docker exec "$host" sh -c 'mkdir -p /var/lib/prometheus/node-exporter/batchq-ben
   systemd-run --quiet --wait --unit=batchq-bench /bin/true'
 
 docker exec -i "$host" python3 - "$runs" <<'PY'
-import os, statistics, subprocess, sys, time
+import json, os, statistics, subprocess, sys, time
 sys.path.insert(0, "/usr/local/lib/batchq")
 import batchq_metrics
 
 runs = int(sys.argv[1])
 folder = "/var/lib/prometheus/node-exporter/batchq-bench.d"
+# the runtime spec the role writes for such a consumer (module_utils/consumer_runtime.py)
+spec = {"spec_version": 1, "consumer": "bench", "services": ["batchq-bench.service"], "backlog_exit_code": None,
+        "timeout_usec": 3600000000, "stop_timeout_usec": 30000000, "interval_usec": 60000000, "preload": [],
+        "metrics_folder": folder, "hooks": None, "hook_credentials": None}
+os.makedirs("/usr/local/lib/batchq/specs", exist_ok=True)
+with open("/usr/local/lib/batchq/specs/batchq-bench.json", "w", encoding="utf-8") as handle:
+    json.dump(spec, handle)
 env = dict(os.environ, SERVICE_RESULT="success", EXIT_CODE="exited", EXIT_STATUS="0")
-argv = ["/usr/bin/python3", "-I", "/usr/local/lib/batchq/batchq_after_run.py", "bench", "batchq-bench.service",
-        "--metrics", folder, "60000000", "3600000000", "batchq-bench.service"]
+argv = ["/usr/bin/python3", "-I", "/usr/local/lib/batchq/batchq_after_run.py",
+        "--spec", "/usr/local/lib/batchq/specs/batchq-bench.json", "--unit", "batchq-bench.service"]
 subprocess.run(argv, env=env, check=True)  # warm the page cache and __pycache__
 
 
