@@ -13,12 +13,15 @@ import json
 import os
 import pathlib
 import subprocess
-import time
+import sys
 
 import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The tests' one wait; benchmarks/queues.py loads this file by its path, so the path is set here.
+sys.path.append(str(ROOT / "tests" / "unit"))
+from waiting import wait_for  # noqa: E402  # pylint: disable=wrong-import-position
 EXAMPLE = ROOT / "examples" / "postgresql_queue"
 LIBRARY = ROOT / "examples" / "queue_library"
 LIBRARY_DIR = "/usr/local/lib/batchq-queue"
@@ -55,18 +58,6 @@ def database_setup():
 def docker(*argv, check=True, timeout=120, **kwargs):
     return subprocess.run(["docker", *argv], check=check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, **kwargs)
-
-
-def wait_for(condition, timeout, what, interval=0.1):
-    """condition()'s first truthy value within timeout seconds, or a failure naming what."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %ss waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 def sql(query):

@@ -15,7 +15,8 @@ import uuid
 
 import pytest
 
-from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, NETWORK, ROOT, docker, sql, states, wait_for
+from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, NETWORK, ROOT, docker, sql, states
+from waiting import wait_for
 
 # The server's idle timeouts for the batch of the test below, set as a consumer's
 # environment would (PGOPTIONS comes after the consumer's own 60 s, so it wins):

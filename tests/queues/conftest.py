@@ -1,4 +1,5 @@
-"""Shared fixtures of the queue tests: the examples on sys.path, a moto server."""
+"""Shared fixtures of the queue tests: the examples and the tests' one wait (tests/unit/waiting.py) on
+sys.path, a moto server."""
 
 import argparse
 import os
@@ -16,6 +17,7 @@ LIBRARY = os.path.join(TOP, "examples", "queue_library")
 SQS = os.path.join(TOP, "examples", "sqs_queue")
 SPOOL = os.path.join(TOP, "examples", "spool_queue")
 sys.path[:0] = [LIBRARY, SQS, SPOOL]
+sys.path.append(os.path.join(TOP, "tests", "unit"))
 
 
 def parsed_options(defaults, changes):
@@ -82,18 +84,6 @@ def credentials(tmp_path, monkeypatch):
     (folder / "aws").write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(folder))
     return folder
-
-
-def wait_for(condition, timeout, what, interval=0.05):
-    """condition()'s first truthy value within timeout seconds, or a failure naming what."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %ss waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 def alive(pid):

@@ -13,7 +13,8 @@ import pytest
 
 import batchq_queue
 from batchq_queue import MemoryBackend
-from conftest import TOP, alive, parsed_options, wait_for
+from conftest import TOP, alive, parsed_options
+from waiting import wait_for
 
 RUNNER = os.path.join(TOP, "roles", "consumer", "files", "batchq-drain")
 

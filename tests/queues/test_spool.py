@@ -20,6 +20,7 @@ import pytest
 
 import batchq_spool
 from conftest import TOP, alive, guide_consumer
+from waiting import wait_for
 
 EXAMPLE = os.path.join(TOP, "examples", "spool_queue")
 CONSUMER, ENQUEUE = os.path.join(EXAMPLE, "batchq-spool"), os.path.join(EXAMPLE, "batchq-spool-enqueue")
@@ -44,13 +45,6 @@ def process(job):
 sys.exit(batchq_queue.main(sys.argv[1:], process, batchq_spool.add_options, batchq_spool.backend,
                            batchq_spool.check))
 """ % (EXAMPLE, os.path.join(TOP, "examples", "queue_library"))
-
-
-def wait_for(condition, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "waited %gs for %s" % (seconds, what)
-        time.sleep(0.02)
 
 
 @pytest.fixture

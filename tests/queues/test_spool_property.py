@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import batchq_spool
-from test_spool import children, records, snapshot, start, wait_for
+from test_spool import children, records, snapshot, start
+from waiting import wait_for
 
 # Pieces of a name: the bytes a name may hold that need care, and plain ones.
 PIECES = [b"a", b"Z", b"0", b"-", b"_", b" ", b"\n", b"\r", b"\t", b"\x01", b"\x7f", b".", b"\xff",

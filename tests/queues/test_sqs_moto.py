@@ -30,6 +30,7 @@ import boto3
 import pytest
 
 from conftest import LIBRARY, SQS, TOP, alive, free_port, guide_consumer
+from waiting import wait_for
 
 REGION = "us-east-1"
 # The python of a venv with Debian 11's boto3 and botocore (requirements/queues-debian11.txt).
@@ -98,18 +99,6 @@ def counts_of(stderr):
             for key, value in json.loads(line[len("batchq: batch "):].split(", exit")[0]).items():
                 totals[key] = totals.get(key, 0) + value
     return totals
-
-
-def wait_for(condition, what, seconds=30):
-    """condition()'s first true value, within seconds."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("not within %d s: %s" % (seconds, what))
-        time.sleep(0.1)
 
 
 def left(sqs, url):
@@ -276,12 +265,12 @@ def test_two_consumers_sharing_a_results_table_store_each_result_once(sqs, moto_
         return condition()
 
     try:
-        wait_for(lambda: running(lambda: attribute(sqs, url, "ApproximateNumberOfMessagesNotVisible") == 6),
+        wait_for(lambda: running(lambda: attribute(sqs, url, "ApproximateNumberOfMessagesNotVisible") == 6), 30,
                  "A received all 6")
-        wait_for(lambda: running(lambda: has_child(first.pid)), "A started its first job")
+        wait_for(lambda: running(lambda: has_child(first.pid)), 30, "A started its first job")
         os.kill(first.pid, signal.SIGSTOP)  # A alone: its job's process (a group of its own) goes on
         # The visibility of 10 s ends without a renewal: SQS delivers the messages again.
-        wait_for(lambda: attribute(sqs, url, "ApproximateNumberOfMessages") == 6, "the messages visible again", 40)
+        wait_for(lambda: attribute(sqs, url, "ApproximateNumberOfMessages") == 6, 40, "the messages visible again")
         second, _codes, second_said = drain(sqs, url, ("table", table), moto_url, 3, python=python)
         os.kill(first.pid, signal.SIGCONT)
         _out, first_said = first.communicate(timeout=60)
@@ -602,7 +591,7 @@ def test_sigterm_during_the_long_poll_ends_the_batch_at_once(sqs, proxy, tmp_pat
     batch = started(command("batchq-sqs", ["--queue-url", url, "--results", tmp_path / "results",
                                            "--max-attempts", 3, "--wait-seconds", 20], proxy.url))
     try:
-        wait_for(while_running(batch, lambda: proxy.count("ReceiveMessage")), "the batch's first receive", 60)
+        wait_for(while_running(batch, lambda: proxy.count("ReceiveMessage")), 60, "the batch's first receive")
         os.kill(batch.pid, signal.SIGTERM)
         stopped = time.monotonic()
         asked = proxy.count("ReceiveMessage")
@@ -626,10 +615,10 @@ def test_a_black_holed_network_holds_no_job_past_its_timeout(sqs, proxy, tmp_pat
                                            "--visibility-timeout", 10, "--job-timeout", 8, "--work-ms", 60000,
                                            "--max-attempts", 3, "--wait-seconds", 1], proxy.url))
     try:
-        worker, = wait_for(while_running(batch, lambda: children(batch.pid)), "the job to start", 60)
+        worker, = wait_for(while_running(batch, lambda: children(batch.pid)), 60, "the job to start")
         begun = time.monotonic()
         proxy.hole(True)  # for as long as the job may run, and more
-        wait_for(lambda: not alive(worker), "the job to end", 60)
+        wait_for(lambda: not alive(worker), 60, "the job to end")
         ran = time.monotonic() - begun
         proxy.hole(False)
         stderr = ended(batch)
@@ -650,7 +639,7 @@ def test_a_renewal_the_network_dropped_is_tried_again_in_time(sqs, moto_url, pro
                                            "--max-attempts", 3, "--wait-seconds", 1], proxy.url))
     shown = dropped_at = None
     try:
-        wait_for(while_running(batch, lambda: children(batch.pid)), "the job to start", 60)  # received
+        wait_for(while_running(batch, lambda: children(batch.pid)), 60, "the job to start")  # received
         deadline = time.monotonic() + 120
         while batch.poll() is None and time.monotonic() < deadline:
             if shown is None and attribute(sqs, url, "ApproximateNumberOfMessages"):
