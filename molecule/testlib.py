@@ -5,11 +5,13 @@ consumer carries that consumer's journal, so a red run explains itself.
 """
 
 import copy
+import functools
 import json
 import os
 import pathlib
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -18,6 +20,10 @@ from datetime import datetime, timezone
 
 import testinfra
 import yaml
+
+# The tests' one wait, shared with tests/queues, tests/pgqueue and tests/unit (its folder).
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "unit"))
+import waiting  # noqa: E402  # pylint: disable=wrong-import-position
 
 PREFIX = "batchq-"
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
@@ -69,17 +75,10 @@ def watched_since():
     return WATCHED["since"]
 
 
-def wait_for(condition, timeout, what, interval=0.5, explain=None):
-    """The first truthy value of condition(), or fail after timeout seconds,
-    with what explain() returns, if given (a journal), in the message."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("waited %ss in vain for %s%s" % (timeout, what, explain() if explain else ""))
-        time.sleep(interval)
+# A wait asks a host twice a second unless it says otherwise: each question
+# costs the host and the 2-core machine a command (CONTRIBUTING.md, Tests).
+HOST_POLL = 0.5
+wait_for = functools.partial(waiting.wait_for, interval=HOST_POLL)
 
 
 def side_by_side(check, cases, label=None):
@@ -232,6 +231,33 @@ def deploy(consumer_list=None, check=False, background=False, verbose=False, **e
         return process
     process.output = process.communicate(timeout=900)[0]
     return process
+
+
+def control(action, *extra, inventory=None, playbook="batchq.consumers.consumer_control"):
+    """Run consumer_control.yml as a user would, with consumer_action=action and
+    extra arguments of ansible-playbook (e.g. "-e", "consumer_names=a,b"), on the
+    scenario's inventory or another; playbook: consumer_status.yml, say.
+    Returns (returncode, output)."""
+    process = subprocess.run(["ansible-playbook", playbook, "-i", inventory or INVENTORY,
+                              "-e", "consumer_action=" + action, *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
+    return process.returncode, process.stdout
+
+
+def control_said(output, what):
+    """{host: [unit, ...]} that a run of consumer_control.yml says it acted on,
+    host by host. what names a part of each host's message: in "started now: a b;
+    left alone, a batch is running: c", "started now" gives a and b, and "left
+    alone, a batch is running" gives c. A host that said "none" there has []; a
+    host that said nothing of it is absent."""
+    found, host = {}, None
+    for line in output.splitlines():
+        result = re.match(r"(?:ok|changed): \[([^\]]+)\]", line)
+        host = result.group(1) if result else host
+        if host and what + ":" in line:
+            listed = line.split(what + ":", 1)[1].split(";")[0].strip().strip('"')
+            found.setdefault(host, []).extend([] if listed.startswith("none") else listed.split())
+    return found
 
 
 def consumers(**changes):

@@ -3,8 +3,8 @@ with whatever inventory the controller has: none of the deploy's variables (the
 role run with vars: in a playbook of one's own), or a consumer_list whose
 secrets it cannot template."""
 
+import functools
 import pathlib
-import subprocess
 import tempfile
 
 import pytest
@@ -15,6 +15,7 @@ from testlib import (
     SCENARIO_DIR,
     assert_deployed,
     consumers,
+    control as control_with,
     deploy,
     host_state,
     journal,
@@ -49,14 +50,8 @@ WITHOUT_VARS = inventory("without-vars")
 VAULTED = inventory("vaulted", {"consumer_list": [
     {"name": "long", "command": "/usr/local/bin/batchq-probe run --hold --tag v1", "start_delay": "1h",
      "secret_environment": {"TOKEN": "{{ vault_token_not_given }}"}}]})
-
-
-def control(action, *extra, inventory_file=WITHOUT_VARS, playbook="batchq.consumers.consumer_control"):
-    """Run the playbook as a user would; returns (returncode, output)."""
-    process = subprocess.run(["ansible-playbook", playbook, "-i", inventory_file, "-e", "consumer_action=" + action,
-                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
-                             check=False)
-    return process.returncode, process.stdout
+# Each run of the playbook here uses the inventory without the deploy's variables, unless it names another.
+control = functools.partial(control_with, inventory=WITHOUT_VARS)
 
 
 def timer(host, unit):
@@ -114,11 +109,11 @@ def test_pause_and_resume_consumers_deployed_without_this_inventory(hosts):
 
 
 def test_control_needs_no_secret_of_the_consumer_list(hosts):
-    code, output = control("pause", "-e", "consumer_names=long", inventory_file=VAULTED)
+    code, output = control("pause", "-e", "consumer_names=long", inventory=VAULTED)
     assert code == 0, output
     for host in hosts:
         assert timer(host, "batchq-long.timer")["ActiveState"] == "inactive", output
-    code, output = control("resume", "-e", "consumer_names=long", inventory_file=VAULTED)
+    code, output = control("resume", "-e", "consumer_names=long", inventory=VAULTED)
     assert code == 0, output
     for host in hosts:
         assert show(host, "batchq-long.start.timer", "ActiveState")["ActiveState"] == "active", output

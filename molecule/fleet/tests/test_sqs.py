@@ -26,7 +26,7 @@ import testinfra
 import yaml
 from testinfra.utils.ansible_runner import AnsibleRunner
 
-from testlib import INVENTORY, SCENARIO_DIR, figure, wait_for
+from testlib import INVENTORY, SCENARIO_DIR, control, figure, wait_for
 
 JOBS = 4000
 CRASHING, RAISING = 3, 3  # jobs spread through the queue whose work kills its process, or raises
@@ -46,6 +46,8 @@ ENDPOINT = "http://%s:5000" % SERVER
 REGION = "eu-west-1"
 TABLE = "batchq-results"
 LOG = "/var/lib/batchq-moto/requests.jsonl"
+# The consumer_control.yml runs of these tests act on the SQS consumer of its workers alone.
+SQS_ONLY = ("-e", "consumer_hosts=sqs_workers", "-e", "consumer_names=sqs")
 # A test key pair: moto takes any.
 CREDENTIALS = "[default]\naws_access_key_id = fleet\naws_secret_access_key = fleet test secret\n"
 # What the drain saw, for the tests that judge it.
@@ -107,14 +109,6 @@ def received_lately(name, since):
     """True when name was given messages after since, by the server's record."""
     return any(entry.get("action") == "ReceiveMessage" and entry["messages"] and entry["time"] > since
                and entry["client"] == address_of(name) for entry in server_record(tail=300))
-
-
-def control(action):
-    process = subprocess.run(["ansible-playbook", "batchq.consumers.consumer_control", "-i", INVENTORY,
-                              "-e", "consumer_action=" + action, "-e", "consumer_hosts=sqs_workers",
-                              "-e", "consumer_names=sqs"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
-    return process.returncode, process.stdout
 
 
 def deploy_example(queue_url):
@@ -184,7 +178,7 @@ def test_the_sqs_fleet_drains_through_faults():
                               FLEET["queue"], ENDPOINT, REGION, str(CRASHING), str(RAISING))
     assert json.loads(out) == {"sent": JOBS}, out
     FLEET["start"] = time.time()
-    code, output = control("run")  # the consumers would poll again after their interval
+    code, output = control("run", *SQS_ONLY)  # the consumers would poll again after their interval
     assert code == 0, output
 
     # One worker dies in the middle of a batch: its last receive was a moment ago, a batch takes 4 s and more.
@@ -210,7 +204,7 @@ def test_the_sqs_fleet_drains_through_faults():
     # Drained: nothing left in the queue, the poison jobs in the dead-letter queue.
     wait_for(lambda: queue_counts() == [0, 0, 0], 300, "the queue to drain", interval=2)
     FLEET["drained_at"] = time.time()
-    code, output = control("pause")
+    code, output = control("pause", *SQS_ONLY)
     assert code == 0, output
     FLEET["record"] = server_record()
     FLEET["results"] = aws(
