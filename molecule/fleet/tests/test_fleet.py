@@ -23,8 +23,8 @@ import testinfra
 import yaml
 from testinfra.utils.ansible_runner import AnsibleRunner
 
-from testlib import (INVENTORY, SCENARIO_DIR, consumer_info, consumer_series, deploy, figure, scenario_vars,
-                     scrape, show, side_by_side, timestamp_of, wait_for)
+from testlib import (INVENTORY, SCENARIO_DIR, consumer_info, consumer_series, control, control_said, deploy, figure,
+                     scenario_vars, scrape, show, side_by_side, timestamp_of, wait_for)
 
 JOBS = 20000
 FAILING = 5  # the last jobs fail every attempt
@@ -40,6 +40,8 @@ RUNNER = AnsibleRunner(INVENTORY)
 WORKERS = sorted(RUNNER.get_hosts("consumers"))
 DATABASE = RUNNER.get_hosts("queue_db")[0]
 KILLED, CUT = WORKERS[0], WORKERS[1]
+# The services of the two instances of pgqueue on each worker
+INSTANCES = ["batchq-pgqueue@1.service", "batchq-pgqueue@2.service"]
 # Debian 11's worker: psycopg2 only
 DEBIAN11 = next(name for name in WORKERS if name.endswith("-debian11"))
 # The workers whose consumers connect through a local PgBouncer (pgqueue_pooler in
@@ -92,22 +94,10 @@ def network_of(container):
     return out.strip()
 
 
-def control(action, *extra):
-    """Run consumer_control.yml as a user would; returns (returncode, output)."""
-    process = subprocess.run(["ansible-playbook", "batchq.consumers.consumer_control", "-i", INVENTORY,
-                              "-e", "consumer_action=" + action, *extra],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
-    return process.returncode, process.stdout
-
-
-def said(output, what):
-    """The units a control run says it acted on ("started now: a b;"), over every host."""
-    units = []
-    for line in output.splitlines():
-        if what + ":" in line:
-            listed = line.split(what + ":", 1)[1].split(";")[0].strip().strip('"')
-            units += [] if listed.startswith("none") else listed.split()
-    return units
+def runs_now():
+    """{worker: {instance's service: its InvocationID}}: the run each instance is in, or was in last."""
+    return {name: {unit: host(name).check_output("systemctl show -P InvocationID %s", unit) for unit in INSTANCES}
+            for name in WORKERS}
 
 
 def timers_active(name):
@@ -168,13 +158,22 @@ def test_the_fleet_drains_through_faults():
     assert code == 0, output
     for name in WORKERS:
         assert paused_gauge(name) == ["0"], name
+    paused_runs = runs_now()
     code, output = control("run")
     assert code == 0, output
     FLEET["resumed_at"] = time.time()
-    FLEET["kicked"] = said(output, "started now")
+    FLEET["first_run"] = control_said(output, "started now"), control_said(output, "left alone, a batch is running")
+
+    def in_new_runs():
+        now = runs_now()
+        return all(now[name][unit] not in ("", paused_runs[name][unit]) for name in WORKERS for unit in INSTANCES) and now
+
+    # systemd starts them as soon as it can (--no-block): each is in a run of its own then
+    FLEET["kicked_runs"] = wait_for(in_new_runs, 30, "every instance in a new run")
     code, output = control("run")
     assert code == 0, output
-    FLEET["left_alone"] = said(output, "left alone, a batch is running")
+    FLEET["second_run"] = control_said(output, "started now"), control_said(output, "left alone, a batch is running")
+    FLEET["runs_after_second"] = runs_now()
 
     # One worker dies in the middle of a batch; another loses the database.
     wait_for(lambda: in_flight(KILLED), 30, "a batch in flight on %s" % KILLED, interval=0.1)
@@ -214,8 +213,15 @@ def test_the_fleet_drains_through_faults():
 
 
 def test_run_kicked_idle_instances_and_left_running_ones_alone():
-    assert len(FLEET["kicked"]) > 0, "run started no batch after the resume"
-    assert len(FLEET["left_alone"]) > 0, "the second run found no batch running"
+    every, none = {name: INSTANCES for name in WORKERS}, {name: [] for name in WORKERS}
+    # Paused and waited for, no instance ran: the first run started every one of them, on every worker.
+    started, left_alone = FLEET["first_run"]
+    assert ({name: sorted(units) for name, units in started.items()}, left_alone) == (every, none), FLEET["first_run"]
+    # Moments later each one drains the queue still (its batches exit 75 while jobs wait): the second
+    # run started none and left every one alone, in the run the first one started.
+    started, left_alone = FLEET["second_run"]
+    assert (started, {name: sorted(units) for name, units in left_alone.items()}) == (none, every), FLEET["second_run"]
+    assert FLEET["runs_after_second"] == FLEET["kicked_runs"]
 
 
 def test_every_job_is_done_once_and_its_result_applied_once():
