@@ -39,7 +39,7 @@ METRICS_DIR_RE = re.compile(r"(/[A-Za-z0-9_.-]+)+\Z")
 DOT_PART_RE = re.compile(r"/\.\.?(/|$)")
 
 # The helpers a consumer needs on the host, copied from the role's files.
-DRAIN_HELPERS = ("batchq-drain",)
+DRAIN_HELPERS = ("batchq-drain", "batchq_cpython.py", "batchq_journal.py", "batchq_main.py", "batchq_preload.py", "batchq_reseed.py", "batchq_supervise.py")
 AFTER_RUN_HELPERS = ("batchq_metrics.py", "batchq_after_run.py")
 # What every helper imports: the run protocol (a link in the role's files to
 # module_utils/consumer_protocol.py, which consumer_info imports too).

@@ -1,10 +1,15 @@
 """batchq-drain's verdict on a run, from the runner itself (no systemd: it then
-writes no journal stream or record it cannot, and looks for no cgroup)."""
+writes no journal stream or record it cannot, and looks for no cgroup). The
+runner runs from the role's files, and imports its modules from there, as
+it does from its folder on the hosts."""
 
+import ast
+import glob
 import json
 import os
 import pathlib
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +17,8 @@ import time
 
 import pytest
 
-RUNNER = pathlib.Path(__file__).resolve().parents[2] / "roles" / "consumer" / "files" / "batchq-drain"
+FILES = pathlib.Path(__file__).resolve().parents[2] / "roles" / "consumer" / "files"
+RUNNER = FILES / "batchq-drain"
 # A batch that handles SIGTERM as the reference consumer does: it exits CODE, as after a commit.
 BATCH = ("import signal, sys, time\n"
          "signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(sys.argv[1])))\n"
@@ -20,11 +26,20 @@ BATCH = ("import signal, sys, time\n"
          "time.sleep(60)\n")
 
 
+def runner(folder, command, preload=None, timeout_s=30, stop_timeout_s=1, python=sys.executable, **popen):
+    """The runner, run by hand in folder (no systemd, no journal): batches of
+    command while they exit 75, preload: the modules it imports once."""
+    env = {key: value for key, value in os.environ.items() if key != "INVOCATION_ID"}
+    env.update(popen.pop("env", {}))
+    args = (["--preload", ",".join(preload)] if preload else []) + [
+        "75", str(int(timeout_s * 1e6)), str(int(stop_timeout_s * 1e6)), "--"] + list(command)
+    return subprocess.Popen([python, str(RUNNER)] + args, cwd=folder, env=env, **popen)
+
+
 def drain(tmp_path, code, timeout_s):
     started = tmp_path / "started"
-    env = {key: value for key, value in os.environ.items() if key != "INVOCATION_ID"}
-    process = subprocess.Popen([sys.executable, str(RUNNER), "75", str(int(timeout_s * 1e6)), "10000000", "--",
-                                sys.executable, "-c", BATCH, str(code), str(started)], env=env)
+    process = runner(tmp_path, [sys.executable, "-c", BATCH, str(code), str(started)], timeout_s=timeout_s,
+                     stop_timeout_s=10)
     return process, started
 
 
@@ -72,13 +87,6 @@ def only_child(process):
                               stdout=subprocess.PIPE, text=True).stdout.split()[0])
 
 
-def runner(tmp_path, args, **popen):
-    """The runner, run by hand in tmp_path: no systemd, no journal."""
-    env = {key: value for key, value in os.environ.items() if key != "INVOCATION_ID"}
-    env.update(popen.pop("env", {}))
-    return subprocess.Popen([sys.executable, str(RUNNER)] + args, cwd=tmp_path, env=env, **popen)
-
-
 def write(folder, name, text):
     (folder / name).write_text(text)
     return str(folder / name)
@@ -101,8 +109,8 @@ def test_a_crashed_batch_dumps_its_own_core_and_the_runner_none(tmp_path, preloa
     crashed = tmp_path / "batch"
     crashed.mkdir()
     script = write(tmp_path, "crash.py", CRASH)
-    command = ["--", script, str(crashed)] if preload else ["--", sys.executable, script, str(crashed)]
-    process = runner(tmp_path, (["--preload", "json"] if preload else []) + ["75", "0", "0"] + command,
+    command = [script, str(crashed)] if preload else [sys.executable, script, str(crashed)]
+    process = runner(tmp_path, command, ["json"] if preload else None, timeout_s=0, stop_timeout_s=0,
                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (hard, hard)))
     try:
         status = os.waitpid(process.pid, 0)[1]
@@ -152,9 +160,8 @@ def batches_of(tmp_path, preload, module="graceful", text=GRACEFUL, script=REPOR
     folder.mkdir()
     write(folder, module + ".py", text)
     path, log = write(folder, "report.py", script), folder / "batches.jsonl"
-    command = ["--", path, str(log)] if preload else ["--", sys.executable, path, str(log)]
-    process = runner(folder, (["--preload", module] if preload else []) + ["75", "30000000", "1000000"] + command,
-                     env=env or {})
+    command = [path, str(log)] if preload else [sys.executable, path, str(log)]
+    process = runner(folder, command, [module] if preload else None, env=env or {})
     try:
         assert process.wait(timeout=60) == 0
     finally:
@@ -221,7 +228,7 @@ def test_a_module_that_takes_the_runners_signals_leaves_it_its_hand_over_and_tim
     folder.mkdir()
     write(folder, "graceful.py", GRACEFUL)
     script, started = write(folder, "works.py", WORKS), folder / "started"
-    process = runner(folder, ["--preload", "graceful", "75", "60000000", "1000000", "--", script, str(started)])
+    process = runner(folder, [script, str(started)], ["graceful"], timeout_s=60)
     try:
         wait_for(started, process)
         os.kill(process.pid, signal.SIGUSR1)
@@ -231,7 +238,7 @@ def test_a_module_that_takes_the_runners_signals_leaves_it_its_hand_over_and_tim
     finally:
         process.kill()
     started.unlink()
-    process = runner(folder, ["--preload", "graceful", "75", "1000000", "1000000", "--", script, str(started)])
+    process = runner(folder, [script, str(started)], ["graceful"], timeout_s=1)
     try:
         # the batch's timeout (1 s): SIGTERM, which it answers with 75, and the run fails as a timeout
         assert process.wait(timeout=30) == -signal.SIGTERM
@@ -259,7 +266,7 @@ sys.exit(75 if number < 4 else 0)
 def test_a_preloading_runner_goes_on_under_the_new_code_once_a_preloaded_file_changed(tmp_path):
     write(tmp_path, "mod.py", "VERSION = 1\n")
     script, log = write(tmp_path, "upgrades.py", UPGRADES), tmp_path / "batches"
-    process = runner(tmp_path, ["--preload", "mod", "75", "30000000", "1000000", "--", script, str(log)])
+    process = runner(tmp_path, [script, str(log)], ["mod"])
     try:
         assert process.wait(timeout=60) == 0
     finally:
@@ -272,10 +279,161 @@ def test_a_preloading_runner_goes_on_under_the_new_code_once_a_preloaded_file_ch
 def test_a_preload_that_a_fork_would_break_or_that_fails_runs_no_batch(tmp_path, module):
     write(tmp_path, "mod.py", module)
     script, log = write(tmp_path, "upgrades.py", UPGRADES), tmp_path / "batches"
-    process = runner(tmp_path, ["--preload", "mod", "75", "30000000", "1000000", "--", script, str(log)],
-                     stderr=subprocess.DEVNULL)
+    process = runner(tmp_path, [script, str(log)], ["mod"], stderr=subprocess.DEVNULL)
     try:
         assert process.wait(timeout=60) == 1
     finally:
         process.kill()
     assert not log.exists()
+
+
+# The CPython internals of a preloaded batch (batchq_cpython.py) under each CPython a host or a consumer may run.
+# A preloaded module that registers an exit handler (the runner's to run, once), and modules of the consumer's
+# own with the names of the runner's: the consumer's, never the runner's, are what its imports find.
+HEAVY = """import atexit, json, os
+import batchq_journal, consumer_protocol
+
+
+def said(event):
+    with open(os.environ["WORK_LOG"], "a", encoding="utf-8") as log:
+        log.write(json.dumps({"event": event, "pid": os.getpid()}) + "\\n")
+
+
+atexit.register(said, "preload-atexit")
+"""
+# A consumer run as `python3 -m work`: a thread and an executor's work that outlive its main code, an exit handler,
+# and an uncaught exception in batch 3.
+WORK = """import atexit, concurrent.futures, json, os, sys, threading, time
+import batchq_journal, consumer_protocol, heavy
+
+NUMBER = int(os.environ["BATCHQ_BATCH"])
+DONE = threading.Event()
+
+
+def said(event, **fields):
+    with open(os.environ["WORK_LOG"], "a", encoding="utf-8") as log:
+        log.write(json.dumps(dict(fields, event=event, batch=NUMBER)) + "\\n")
+
+
+def after_main(event):
+    # the main code has ended before this says so: only the exit's wait for it lets it
+    DONE.wait(30)
+    time.sleep(0.1)
+    said(event)
+
+
+said("start", argv=sys.argv, name=__name__, main=sys.modules["__main__"].__dict__ is globals(), path=sys.path,
+     own=[batchq_journal.OWN, consumer_protocol.OWN],
+     runners=sorted(name for name, module in sys.modules.items()
+                    if os.path.dirname(str(getattr(module, "__file__", ""))) == os.environ["RUNNER_FOLDER"]))
+threading.Thread(target=after_main, args=("thread",)).start()
+concurrent.futures.ThreadPoolExecutor(1).submit(after_main, "executor")
+atexit.register(said, "atexit")
+DONE.set()
+if NUMBER == 3:
+    raise RuntimeError("batch 3 raises")
+sys.exit(75)
+"""
+
+
+def pythons():
+    """Each CPython from 3.9 to 3.14 as a test parameter: the tests' own, or one below ~/.pyenv or on PATH (not
+    pyenv's shims, which run only the version pyenv selects)."""
+    found = {"%d.%d" % sys.version_info[:2]: sys.executable}
+    for minor in range(9, 15):
+        version = "3.%d" % minor
+        candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/%s.*/bin/python%s" % (version, version))))
+        candidates.append(shutil.which("python" + version))
+        found.setdefault(version, next((path for path in candidates if path and "/shims/" not in path), None))
+    return [pytest.param(version, python, id=version) for version, python in sorted(
+        found.items(), key=lambda item: int(item[0].split(".")[1]))]
+
+
+def events(log, batch):
+    return [record for record in log if record.get("batch") == batch]
+
+
+@pytest.mark.parametrize("version, python", pythons())
+def test_a_preloaded_batch_starts_and_ends_as_python3_m_would_under_each_python(tmp_path, version, python):
+    if python is None:
+        pytest.skip("no Python %s here: the drain scenario runs Debian's (3.9, 3.11, 3.13, 3.14)" % version)
+    write(tmp_path, "heavy.py", HEAVY)
+    write(tmp_path, "work.py", WORK)
+    for name in ("batchq_journal.py", "consumer_protocol.py"):
+        write(tmp_path, name, "OWN = %r\n" % "the consumer's")
+    env = {"RUNNER_FOLDER": str(FILES)}
+    # what python3 itself does, batch by batch
+    plain_log, plain_errors = tmp_path / "plain.jsonl", []
+    for number in (1, 2, 3):
+        ended = subprocess.run([python, "-m", "work"], cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=60,
+                               env=dict(os.environ, WORK_LOG=str(plain_log), BATCHQ_BATCH=str(number), **env))
+        assert ended.returncode == (1 if number == 3 else 75), ended.stderr
+        plain_errors.append(ended.stderr)
+    preloaded_log = tmp_path / "preloaded.jsonl"
+    process = runner(tmp_path, ["-m", "work"], ["heavy"], python=python, stderr=subprocess.PIPE, text=True,
+                     env=dict(env, WORK_LOG=str(preloaded_log)))
+    try:
+        _out, said = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1, said
+    plain = [json.loads(line) for line in plain_log.read_text().splitlines()]
+    preloaded = [json.loads(line) for line in preloaded_log.read_text().splitlines()]
+    for number in (1, 2, 3):
+        alone, forked = events(plain, number), events(preloaded, number)
+        # argv, __main__, sys.path and the modules found as python3 -m has them; none of the runner's
+        assert forked[0] == alone[0], (alone, forked)
+        assert alone[0]["own"] == ["the consumer's"] * 2 and alone[0]["runners"] == [], alone
+        # the thread and the executor's work finish after the main code, then the exit handler runs
+        assert sorted(e["event"] for e in forked) == sorted(e["event"] for e in alone) == [
+            "atexit", "executor", "start", "thread"], (alone, forked)
+        assert forked[-1]["event"] == alone[-1]["event"] == "atexit", (alone, forked)
+    # the preload's exit handler runs once, in the runner, and in no batch
+    assert [(e["event"], e["pid"]) for e in preloaded if "batch" not in e] == [("preload-atexit", process.pid)]
+    # the uncaught exception: python3's traceback, runpy's frames and all, none of the runner's
+    traceback = plain_errors[2].splitlines()
+    assert traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "RuntimeError: batch 3 raises"
+    lines = said.splitlines()
+    start = lines.index(traceback[0])
+    assert lines[start:start + len(traceback)] == traceback, said
+
+
+def runner_files():
+    """The runner and its modules: the role's files that batchq-drain imports, found by their imports."""
+    files, todo = {}, ["batchq-drain"]
+    while todo:
+        name = todo.pop()
+        files[name] = tree = ast.parse((FILES / name).read_text(), name)
+        for node in ast.walk(tree):
+            imported = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [
+                node.module] if isinstance(node, ast.ImportFrom) else []
+            imported += [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                         ] if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "import_beside" else []
+            todo += [module + ".py" for module in imported
+                     if (FILES / (module + ".py")).exists() and module + ".py" not in files]
+    return files
+
+
+def test_the_runner_is_modules_of_one_job_each_that_a_reader_can_hold_in_mind():
+    files = runner_files()
+    # the modules it imports beside it, found from its own import statements
+    assert {"batchq_journal.py", "batchq_supervise.py", "batchq_preload.py", "batchq_cpython.py"} <= set(files)
+    for name, tree in files.items():
+        lines = (FILES / name).read_text().count("\n")
+        assert lines <= 400, "%s has %d lines" % (name, lines)
+        assert ast.get_docstring(tree), "%s says not what it does" % name
+
+
+def test_the_cpython_internals_are_in_one_module():
+    """A private name of another module (module._name) only in batchq_cpython.py; os._exit() is public."""
+    used = {}
+    for name, tree in runner_files().items():
+        modules = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names}
+        used[name] = sorted("%s.%s" % (node.value.id, node.attr) for node in ast.walk(tree)
+                            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                            and node.value.id in modules and node.attr.startswith("_")
+                            and not node.attr.startswith("__") and (node.value.id, node.attr) != ("os", "_exit"))
+    internal = used.pop("batchq_cpython.py")
+    assert internal, "what finds them found none"
+    assert not any(used.values()), used
