@@ -41,6 +41,11 @@ build() {
     grep -q 'href="docsite/guide_installing.html"' "$page" \
       || { echo "docs: $page does not link to the install guide" >&2; exit 1; }
   done
+  # The internal plugins sit apart from the public reference, after it
+  # (tools/docs/conf.py moves them by the "Internal: " of their short description).
+  awk '/<section id="internal-plugins"/ {found = 1; exit} / -- Internal: / {print "docs: public, but marked internal: " $0; bad = 1}
+       END {exit bad || !found}' "$out/html/index.html" \
+    || { echo "docs: the index has no section of internal plugins, or lists one in the public reference" >&2; exit 1; }
   echo "docs: $out/html/index.html"
 }
 
