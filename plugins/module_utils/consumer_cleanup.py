@@ -104,7 +104,7 @@ def secret_files_of(consumer, encrypted=False):
 def stale_secrets(found, consumers, removed=(), encrypted=False):
     """The paths of found (the secrets folder's files) that no unit names any more:
     those of listed consumers that no longer have them (or have them in the
-    other form), and all of removed consumers (consumer_leftovers' removed).
+    other form), and all of removed consumers (the "removed" of leftovers()).
     A file of a consumer that is neither (another playbook's) is left alone."""
     wanted = set().union(*(secret_files_of(consumer, encrypted) for consumer in consumers))
     owners = {consumer["name"] for consumer in consumers} | set(removed)

@@ -37,6 +37,7 @@ TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTrig
 # waitid()'s si_code as systemctl prints ExecMainCode, and systemd's names for it.
 EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
 
+
 def monotonic_twins(properties):
     """The CLOCK_MONOTONIC twin of each timestamp property, e.g. ExecMainStartTimestampMonotonic.
     (A timer's LastTriggerUSecMonotonic is printed as a time span, "12h 20min 37.386257s": not used.)"""
