@@ -109,6 +109,8 @@ def test_one_journal_read_gives_each_service_its_runs_unless_crowded_out():
 
 
 def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch, module_args):
+    log_reads = []  # the journal reads that asked for the output of runs
+
     def run_command(self, argv, **kwargs):
         if argv[1] == "list-unit-files":
             return 0, (FIXTURES / "units.txt").read_text(), ""
@@ -118,6 +120,8 @@ def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch, modul
             name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
             return 0, (FIXTURES / name).read_text(), ""
         invocations = [arg.split("=", 1)[1] for arg in argv if arg.startswith("_SYSTEMD_INVOCATION_ID=")]
+        if invocations:
+            log_reads.append(invocations)
         lines = [json.dumps({"_SYSTEMD_INVOCATION_ID": one, "MESSAGE": "output of " + one}) for one in invocations]
         return 0, "".join(line + "\n" for line in lines), ""
 
@@ -136,6 +140,9 @@ def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch, modul
                  if report["last_run"] and report["last_run"]["invocation_id"]]
     assert last_runs
     assert all(last["log"] == ["output of " + last["invocation_id"]] for last in last_runs), last_runs
+    # one read for them all, which asked for each last run once (none of these runs is a drain's)
+    assert len(log_reads) == 1, log_reads
+    assert sorted(log_reads[0]) == sorted(last["invocation_id"] for last in last_runs), (log_reads, last_runs)
 
 
 @pytest.mark.parametrize("count, reads", [(0, 0), (1, 1), (15, 1), (16, 2), (31, 3), (50, 4), (400, 4)])
