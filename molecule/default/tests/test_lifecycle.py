@@ -7,9 +7,9 @@ running" is a fact the test controls, not a race against the clock.
 
 import pytest
 
-from testlib import (PREFIX, assert_deployed, assert_running, consumers, deploy, host_state, journal,
-                     redeploy_during_a_held_batch,
-                     release_batch, runs, scheduled_starts, show, start_held_batch, wait_for)
+from testlib import (PREFIX, assert_deployed, assert_running, consumers, deploy, finished, host_state, journal,
+                     redeploy_during_a_held_batch, release_batch, runs, scheduled_starts, show, start_held_batch,
+                     timestamp, wait_for)
 
 # The consumers with a short interval whose timers run during these tests (conftest.py): paused and resumed by these tests.
 WATCHES = ("serial",)
@@ -65,13 +65,18 @@ def test_a_change_of_shape_starts_the_new_timers_only_after_the_old_shape_batch(
     for host in hosts:
         states = {unit: show(host, unit, "ActiveState")["ActiveState"] for unit in new_timers}
         assert set(states.values()) == {"inactive"}, (states, journal(host, "long"))
+    assert process.poll() is None, "the deploy ended while the batch of the old shape ran"
     release_batch(hosts, "v1")
     process.output = process.communicate(timeout=300)[0]
     assert_deployed(process)
     for host in hosts:
-        # start_delay is 1h: each instance's start is scheduled now
+        # the held batch's end (its own record, on the clock systemd uses too), then each new
+        # instance's start scheduled (start_delay is 1h: the deploy starts its starter)
+        ended = [run for run in finished(runs(host, "long")) if run["tag"] == "v1"][-1]["end"]
         for starter in ("batchq-long.1.start.timer", "batchq-long.2.start.timer"):
-            assert show(host, starter, "ActiveState")["ActiveState"] == "active", journal(host, "long")
+            shown = show(host, starter, "ActiveState", "ActiveEnterTimestamp")
+            assert shown["ActiveState"] == "active", journal(host, "long")
+            assert timestamp(shown["ActiveEnterTimestamp"]) > ended, (starter, shown, ended, journal(host, "long"))
     assert_deployed(deploy())  # back to one instance for the tests that follow
 
 
@@ -85,6 +90,10 @@ def test_absent_waits_for_the_batch_then_leaves_nothing_behind(hosts):
     with pytest.raises(AssertionError):
         wait_for(lambda: process.poll() is not None, 20, "the deploy to end")
     assert_running(hosts)
+    for host in hosts:  # nothing of long goes while its batch runs
+        for path in ("batchq-long.service", "batchq-long.timer", "batchq-long.service.d/x.conf"):
+            assert host.file("%s/%s" % (UNIT_DIR, path)).exists, path
+    assert process.poll() is None, "the deploy ended while the batch ran"
     release_batch(hosts, "v1")
     process.output = process.communicate(timeout=300)[0]
     assert_deployed(process)
