@@ -13,9 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from waiting import wait_for
 
 FILES = pathlib.Path(__file__).resolve().parents[2] / "roles" / "consumer" / "files"
 RUNNER = FILES / "batchq-drain"
@@ -26,13 +26,31 @@ BATCH = ("import signal, sys, time\n"
          "time.sleep(60)\n")
 
 
-def runner(folder, command, preload=None, timeout_s=30, stop_timeout_s=1, python=sys.executable, **popen):
+UNIT = "batchq-orders@2.service"
+
+
+def spec(folder, **fields):
+    """A runtime spec in folder, as the role writes one (module_utils/consumer_runtime.py), with fields; its path."""
+    written = {"spec_version": 1, "consumer": "orders", "services": ["batchq-orders@1.service", UNIT],
+               "backlog_exit_code": 75, "timeout_usec": 30000000, "stop_timeout_usec": 1000000,
+               "interval_usec": 10000000, "preload": [], "metrics_folder": None, "hooks": None,
+               "hook_credentials": None}
+    written.update(fields)
+    path = pathlib.Path(folder) / "batchq-orders.json"
+    path.write_text(json.dumps(written))
+    return str(path)
+
+
+def runner(folder, command, preload=None, timeout_s=30, stop_timeout_s=1, python=sys.executable, metrics=None,
+           **popen):
     """The runner, run by hand in folder (no systemd, no journal): batches of
-    command while they exit 75, preload: the modules it imports once."""
+    command while they exit 75; preload: the modules it imports once;
+    metrics: the folder of the consumer's metrics file."""
     env = {key: value for key, value in os.environ.items() if key != "INVOCATION_ID"}
     env.update(popen.pop("env", {}))
-    args = (["--preload", ",".join(preload)] if preload else []) + [
-        "75", str(int(timeout_s * 1e6)), str(int(stop_timeout_s * 1e6)), "--"] + list(command)
+    path = spec(folder, preload=list(preload or []), timeout_usec=int(timeout_s * 1e6),
+                stop_timeout_usec=int(stop_timeout_s * 1e6), metrics_folder=metrics)
+    args = (["--preload"] if preload else []) + ["--spec", path, "--unit", UNIT, "--"] + list(command)
     return subprocess.Popen([python, str(RUNNER)] + args, cwd=folder, env=env, **popen)
 
 
@@ -43,11 +61,12 @@ def drain(tmp_path, code, timeout_s):
     return process, started
 
 
-def wait_for(path, process):
-    deadline = time.monotonic() + 30
-    while not path.exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the batch never started"
-        time.sleep(0.05)
+def wait_started(path, process):
+    """Wait until the batch made path; the runner must not end first."""
+    def started():
+        assert process.poll() is None, "the runner ended before its batch started"
+        return path.exists()
+    wait_for(started, 30, "the batch to start")
 
 
 @pytest.mark.parametrize("code", [0, 75])
@@ -73,7 +92,7 @@ def test_a_batch_that_its_timeout_ended_fails_the_run_whatever_it_exits(tmp_path
 def test_a_stop_ends_the_run_stopped_and_a_hand_over_leaves_work_waiting(tmp_path, stop, ended):
     process, started = drain(tmp_path, 75, 60)
     try:
-        wait_for(started, process)
+        wait_started(started, process)
         os.kill(process.pid, stop)
         os.kill(only_child(process), signal.SIGTERM)
         assert process.wait(timeout=30) == ended
@@ -230,7 +249,7 @@ def test_a_module_that_takes_the_runners_signals_leaves_it_its_hand_over_and_tim
     script, started = write(folder, "works.py", WORKS), folder / "started"
     process = runner(folder, [script, str(started)], ["graceful"], timeout_s=60)
     try:
-        wait_for(started, process)
+        wait_started(started, process)
         os.kill(process.pid, signal.SIGUSR1)
         os.kill(only_child(process), signal.SIGTERM)
         # one batch, then the hand-over: BACKLOG_EXIT_CODE (no second batch, which would end the run with 0)
@@ -365,7 +384,7 @@ def test_a_preloaded_batch_starts_and_ends_as_python3_m_would_under_each_python(
     # what python3 itself does, batch by batch
     plain_log, plain_errors = tmp_path / "plain.jsonl", []
     for number in (1, 2, 3):
-        ended = subprocess.run([python, "-m", "work"], cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=60,
+        ended = subprocess.run([python, "-m", "work"], cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
                                env=dict(os.environ, WORK_LOG=str(plain_log), BATCHQ_BATCH=str(number), **env))
         assert ended.returncode == (1 if number == 3 else 75), ended.stderr
         plain_errors.append(ended.stderr)
@@ -437,3 +456,67 @@ def test_the_cpython_internals_are_in_one_module():
     internal = used.pop("batchq_cpython.py")
     assert internal, "what finds them found none"
     assert not any(used.values()), used
+
+
+def test_the_runner_writes_each_batchs_metrics_into_the_specs_folder_for_its_unit(tmp_path):
+    folder = tmp_path / "batchq-orders.d"
+    folder.mkdir()
+    # a series of an instance the consumer no longer has (not among the spec's services)
+    (folder / "metrics.prom").write_text('batchq_consumer_runs_total{consumer="orders",unit="batchq-orders@3.service",'
+                                         'result="success"} 4\n')
+    # batches 1 and 2 leave work waiting, batch 3 ends by SIGTERM
+    batch = "import os, signal; n = int(os.environ['BATCHQ_BATCH']); n < 3 or os.kill(os.getpid(), signal.SIGTERM)" \
+            "; raise SystemExit(75)"
+    process = runner(tmp_path, [sys.executable, "-c", batch], metrics=str(folder))
+    try:
+        assert process.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        process.kill()
+    labels = 'consumer="orders",unit="%s"' % UNIT
+    series = (folder / "metrics.prom").read_text().splitlines()
+    for line in ('batchq_consumer_runs_total{%s,result="backlog"} 2' % labels,
+                 'batchq_consumer_runs_total{%s,result="signal"} 1' % labels,
+                 'batchq_consumer_last_exit_status{%s} %d' % (labels, 128 + signal.SIGTERM),
+                 'batchq_consumer_interval_seconds{%s} 10' % labels,
+                 'batchq_consumer_timeout_seconds{%s} 30' % labels):
+        assert line in series, series
+    assert not [line for line in series if "@3" in line], series
+
+
+@pytest.mark.parametrize("field, value, said", [
+    (None, None, "cannot be read"),
+    ("timeout_usec", "5min", "field timeout_usec"),
+    ("preload", [], "field preload"),
+    ("backlog_exit_code", None, "field backlog_exit_code"),
+    ("backlog_exit_code", 0, "field backlog_exit_code"),
+    ("spec_version", 2, "spec_version"),
+])
+def test_a_missing_or_bad_spec_runs_no_batch_and_says_which_file_and_field(tmp_path, field, value, said):
+    path = spec(tmp_path, preload=["json"])
+    if field is None:
+        os.unlink(path)
+    else:
+        spec(tmp_path, **dict({"preload": ["json"]}, **{field: value}))
+    batch = [sys.executable, "-c", "open('ran', 'w').close()"]
+    ended = subprocess.run([sys.executable, str(RUNNER), "--preload", "--spec", path, "--unit", UNIT, "--"] + batch,
+                           cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert ended.returncode == 2
+    assert ended.stderr.count("\n") == 1 and path in ended.stderr and said in ended.stderr, ended.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["75", "0", "30000000", "--", "/bin/true"],  # the positional command line of old
+    ["--spec", "SPEC", "--", "/bin/true"],
+    ["--unit", UNIT, "--", "/bin/true"],
+    ["--spec", "SPEC", "--unit", UNIT, "--"],
+    ["--spec", "SPEC", "--unit", UNIT, "/bin/true"],
+    ["--preload", "json", "--spec", "SPEC", "--unit", UNIT, "--", "/bin/true"],
+    ["--preload", "--spec", "SPEC", "--unit", UNIT, "--", "-m"],
+])
+def test_a_command_line_off_the_usage_runs_no_batch(tmp_path, args):
+    path = spec(tmp_path, preload=["json"])
+    ended = subprocess.run([sys.executable, str(RUNNER)] + [path if arg == "SPEC" else arg for arg in args],
+                           cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert ended.returncode == 2
+    assert ended.stderr.startswith("Usage (from the unit's ExecStart=):\n    batchq-drain [--preload] --spec"), ended.stderr

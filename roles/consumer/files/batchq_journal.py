@@ -23,6 +23,8 @@ import sys
 import termios
 import time
 
+import consumer_protocol
+
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
 
@@ -56,7 +58,7 @@ class Journal:
 
     def say(self, message, priority, message_id=None):
         """One record of the runner's own."""
-        fields = {"MESSAGE": message, "PRIORITY": priority, "SYSLOG_IDENTIFIER": "batchq-drain"}
+        fields = {"MESSAGE": message, "PRIORITY": priority, "SYSLOG_IDENTIFIER": consumer_protocol.RUNNER_IDENTIFIER}
         if message_id:
             fields["MESSAGE_ID"] = message_id
         self.send(fields)
