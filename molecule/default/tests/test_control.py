@@ -3,7 +3,6 @@ with whatever inventory the controller has: none of the deploy's variables (the
 role run with vars: in a playbook of one's own), or a consumer_list whose
 secrets it cannot template."""
 
-import functools
 import pathlib
 import tempfile
 
@@ -15,7 +14,7 @@ from testlib import (
     SCENARIO_DIR,
     assert_deployed,
     consumers,
-    control as control_with,
+    control,
     deploy,
     host_state,
     journal,
@@ -50,8 +49,6 @@ WITHOUT_VARS = inventory("without-vars")
 VAULTED = inventory("vaulted", {"consumer_list": [
     {"name": "long", "command": "/usr/local/bin/batchq-probe run --hold --tag v1", "start_delay": "1h",
      "secret_environment": {"TOKEN": "{{ vault_token_not_given }}"}}]})
-# Each run of the playbook here uses the inventory without the deploy's variables, unless it names another.
-control = functools.partial(control_with, inventory=WITHOUT_VARS)
 
 
 def timer(host, unit):
@@ -81,7 +78,7 @@ def twins_deployed():
 
 def test_pause_and_resume_consumers_deployed_without_this_inventory(hosts):
     twins = ["batchq-twins@1.timer", "batchq-twins@2.timer"]
-    code, output = control("pause", "-e", "consumer_names=twins,long")
+    code, output = control("pause", "-e", "consumer_names=twins,long", inventory=WITHOUT_VARS)
     assert code == 0, output
     for host in hosts:
         for unit in twins + ["batchq-long.timer"]:
@@ -91,7 +88,7 @@ def test_pause_and_resume_consumers_deployed_without_this_inventory(hosts):
         # their number comes from what the role wrote on the host.
         wait_for(lambda: not host.check_output("systemctl list-units --all --plain --no-legend 'batchq-twins@*'"),
                  30, "systemd to let go of the instances of twins")
-    code, output = control("resume", "-e", "consumer_names=twins,long")
+    code, output = control("resume", "-e", "consumer_names=twins,long", inventory=WITHOUT_VARS)
     assert code == 0, output
     for host in hosts:
         for unit in twins + ["batchq-long.timer"]:
@@ -122,7 +119,7 @@ def test_control_needs_no_secret_of_the_consumer_list(hosts):
 @pytest.mark.parametrize("names", ["", " , "])
 def test_an_empty_selection_is_refused_and_changes_nothing(hosts, names):
     before = {host: host_state(host) for host in hosts}
-    code, output = control("pause", "-e", "consumer_names=" + names)
+    code, output = control("pause", "-e", "consumer_names=" + names, inventory=WITHOUT_VARS)
     assert code != 0 and "consumer_names is empty" in output, output
     for host in hosts:
         assert host_state(host) == before[host], output
@@ -130,7 +127,7 @@ def test_an_empty_selection_is_refused_and_changes_nothing(hosts, names):
 
 def test_a_name_deployed_nowhere_is_refused_before_any_host_changes(hosts):
     before = {host: host_state(host) for host in hosts}
-    code, output = control("pause", "-e", "consumer_names=long,nosuch")
+    code, output = control("pause", "-e", "consumer_names=long,nosuch", inventory=WITHOUT_VARS)
     assert code != 0 and "consumer_names: nosuch deployed on none of" in output, output
     for host in hosts:
         assert host_state(host) == before[host], output
@@ -147,19 +144,19 @@ def test_wait_fails_naming_the_batch_still_running(hosts, release_held_batch):
     assert_deployed(deploy(consumers(long=SLOW_STOP)))
     try:
         start_held_batch(hosts, "v1")
-        code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=3")
+        code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=3", inventory=WITHOUT_VARS)
         assert code != 0 and "still running after 3s: batchq-long.service" in output, output
         for host in hosts:  # the batch ends, its ExecStopPost= holds the unit
             host.check_output("touch /var/lib/batchq/long/release")
             wait_for(lambda: show(host, "batchq-long.service", "ActiveState")["ActiveState"] == "deactivating",
                      30, "batchq-long.service to be deactivating")
-        code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=3")
+        code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=3", inventory=WITHOUT_VARS)
         assert code != 0 and "still running after 3s: batchq-long.service" in output, output
         for host in hosts:
             assert show(host, "batchq-long.service", "ActiveState")["ActiveState"] == "deactivating", journal(
                 host, "long")
             host.check_output("touch %s", STOP_RELEASE)
-        code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=120")
+        code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=120", inventory=WITHOUT_VARS)
         assert code == 0 and "no batch running: batchq-long.service" in output, output
         for host in hosts:
             assert show(host, "batchq-long.service", "ActiveState")["ActiveState"] == "inactive", journal(host, "long")
@@ -176,12 +173,12 @@ def test_root_without_sudo_runs_both_playbooks_with_ansible_become_false(hosts):
     try:
         # what the playbooks' become: true asks for, with sudo, fails on such a host
         code, output = control("run", "-e", "consumer_names=merged", "-e", "ansible_become=true",
-                               "-e", "ansible_become_method=sudo")
+                               "-e", "ansible_become_method=sudo", inventory=WITHOUT_VARS)
         assert code != 0 and "sudo: not found" in output, output
         assert all("fatal: [%s]" % host.backend.get_hostname() in output for host in hosts), output
-        code, output = control("run", "-e", "consumer_names=merged", "-e", "ansible_become=false")
+        code, output = control("run", "-e", "consumer_names=merged", "-e", "ansible_become=false", inventory=WITHOUT_VARS)
         assert code == 0 and "started now: batchq-merged.service" in output, output
-        code, output = control("status", "-e", "ansible_become=false", playbook="batchq.consumers.consumer_status")
+        code, output = control("status", "-e", "ansible_become=false", playbook="batchq.consumers.consumer_status", inventory=WITHOUT_VARS)
         assert code == 0 and "merged" in output, output
     finally:
         for host in hidden:
