@@ -25,6 +25,9 @@ html_use_index = False
 html_copy_source = False
 html_theme_options = {
     'display_version': False,
+    # The theme's default top bar links to Ansible's blog, forum and docs:
+    # not this collection's pages, so none.
+    'topbar_links': {},
 }
 # Hides in the page body the toctree captions that setup() below adds.
 html_static_path = ['_static']
