@@ -48,15 +48,26 @@ BATCH_RESULTS = ("success", "backlog", "exit-code", "signal", "timeout")
 # leaves on its unit after each batch. systemd keeps it until the next run.
 STATUS_TEXT = "batch %d ended: %s %s after %.3fs"
 _STATUS_TEXT_RE = re.compile(
-    r"batch (?P<number>\d+) ended: (?P<result>[a-z-]+) (?P<status>\w+) after (?P<duration>[\d.]+)s")
+    r"batch (?P<number>\d+) ended: (?P<result>[a-z-]+) (?P<status>[\w+]+) after (?P<duration>[\d.]+)s")
 
 
 def signal_name(number):
-    """A signal's name as systemd prints it: 15 -> "TERM"; an unknown one as its number."""
+    """A signal's name as systemd prints it: 15 -> "TERM", 35 -> "RTMIN+1"; one
+    outside every range as its number."""
+    if signal.SIGRTMIN < number <= signal.SIGRTMAX:
+        return "RTMIN+%d" % (number - signal.SIGRTMIN)
     try:
         return signal.Signals(number).name[3:]
     except ValueError:
         return str(number)
+
+
+def signal_number(name):
+    """The number of a signal named as signal_name() names it, or None."""
+    if name.startswith("RTMIN+") and name[6:].isdigit():
+        return signal.SIGRTMIN + int(name[6:])
+    member = getattr(signal.Signals, "SIG" + name, None)
+    return member.value if member is not None else None
 
 
 def exit_status(code, status):
@@ -80,8 +91,8 @@ def exit_status_number(status):
     text = str(status or "")
     if text.isdigit():
         return int(text)
-    number = getattr(signal.Signals, "SIG" + text, None)
-    return 128 + number.value if number is not None else 0
+    number = signal_number(text)
+    return 128 + number if number is not None else 0
 
 
 def batch_outcome(returncode, backlog, timed_out):

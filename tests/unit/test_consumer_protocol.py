@@ -22,7 +22,7 @@ def test_a_batchs_outcome_from_its_return_code(returncode, timed_out, expected):
 
 @pytest.mark.parametrize("number, result, status, seconds", [
     (1, "success", 0, 0.0), (12, "backlog", BACKLOG, 0.1034), (3, "signal", "SEGV", 61.5),
-    (100000, "timeout", "TERM", 3600.0), (2, "exit-code", 127, 0.0005),
+    (100000, "timeout", "TERM", 3600.0), (2, "exit-code", 127, 0.0005), (4, "signal", "RTMIN+2", 1.0),
 ])
 def test_the_status_text_is_read_back_as_written(number, result, status, seconds):
     text = protocol.status_text(number, result, status, seconds)
@@ -60,6 +60,8 @@ def test_only_a_failed_batch_is_a_warning(result, priority):
 @pytest.mark.parametrize("code, status, expected, number", [
     ("exited", "0", 0, 0), ("exited", "3", 3, 3), ("killed", "SEGV", "SEGV", 139), ("killed", "9", "KILL", 137),
     ("dumped", "ABRT", "ABRT", 134), ("dumped", "6", "ABRT", 134), ("", None, None, 0), ("exited", "", None, 0),
+    # real-time signals, as systemd names them (signal_to_string())
+    ("killed", "35", "RTMIN+1", 163), ("killed", "RTMIN+3", "RTMIN+3", 165), ("killed", "34", "RTMIN", 162),
 ])
 def test_exit_status_as_systemd_says_it_and_as_a_number(code, status, expected, number):
     assert protocol.exit_status(code, status) == expected
@@ -69,3 +71,11 @@ def test_exit_status_as_systemd_says_it_and_as_a_number(code, status, expected, 
 def test_a_drains_last_batch_is_found_by_its_runner_and_number():
     batch = protocol.parse_status_text("batch 4 ended: exit-code 1 after 0.200s")
     assert protocol.batch_journal_matches("812", batch) == ["_PID=812", "BATCHQ_BATCH=4"]
+
+
+@pytest.mark.parametrize("number", list(range(1, 32)) + list(range(34, 65)))
+def test_every_signal_name_leads_back_to_its_number(number):
+    name = protocol.signal_name(number)
+    if not name.isdigit():  # 16 and 32/33 have no name on some systems
+        assert protocol.signal_number(name) == number
+        assert protocol.exit_status_number(name) == 128 + number

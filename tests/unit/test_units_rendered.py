@@ -123,8 +123,8 @@ def test_each_consumers_units_pass_its_programs_the_spec_the_role_lays_out(scena
         else:
             assert "--spec" not in exec_start
         if runtime and runtime["after_run"]:
-            assert stop_post == ["-+/usr/bin/python3 -I %s --spec %s --unit %%n" % (consumer_names.AFTER_RUN,
-                                                                                runtime["path"])]
+            wanted = "-+/usr/bin/python3 -I %s --spec %s --unit %%n" % (consumer_names.AFTER_RUN, runtime["path"])
+            assert stop_post == [wanted]
         else:
             assert stop_post == []
 
