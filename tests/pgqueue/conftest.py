@@ -19,13 +19,15 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The tests' one wait; benchmarks/queues.py loads this file by its path, so the path is set here.
-sys.path.append(str(ROOT / "tests" / "unit"))
+# The queue library's property model (test_property.py), shared with tests/queues.
+QUEUE_TESTS = ROOT / "tests" / "queues"
+# The tests' one wait; benchmarks/queues.py loads this file by its path, so the paths are set here.
+sys.path += [str(ROOT / "tests" / "unit"), str(QUEUE_TESTS)]
+import drain_runner  # noqa: E402  # pylint: disable=wrong-import-position
 from waiting import wait_for  # noqa: E402  # pylint: disable=wrong-import-position
 EXAMPLE = ROOT / "examples" / "postgresql_queue"
 LIBRARY = ROOT / "examples" / "queue_library"
 LIBRARY_DIR = "/usr/local/lib/batchq-queue"
-RUNNER = ROOT / "roles" / "consumer" / "files" / "batchq-drain"
 PREFIX = os.environ.get("BATCHQ_HOST_PREFIX", "batchq") + "-pgqueue"
 NETWORK = PREFIX
 DATABASE = PREFIX + "-postgresql"
@@ -134,7 +136,9 @@ def pgqueue_fleet():
             docker("exec", name, "mkdir", "-p", LIBRARY_DIR)
             for module in (LIBRARY / "batchq_queue.py", EXAMPLE / "batchq_pgqueue.py"):
                 docker("cp", str(module), "%s:%s/%s" % (name, LIBRARY_DIR, module.name))
-            docker("cp", str(RUNNER), "%s:/usr/local/bin/batchq-drain" % name)
+            # the runner and the modules it imports from its own folder (consumer_protocol.py is a link)
+            for path in [drain_runner.RUNNER] + drain_runner.MODULES:
+                docker("cp", str(path.resolve()), "%s:/usr/local/bin/%s" % (name, path.name))
         yield
     finally:
         remove()

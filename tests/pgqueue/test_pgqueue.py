@@ -8,6 +8,7 @@ consumer's own records.
 import hashlib
 import json
 import re
+import shlex
 import subprocess
 import tempfile
 import time
@@ -15,6 +16,7 @@ import uuid
 
 import pytest
 
+import drain_runner
 from conftest import DATABASE, EXAMPLE, LIBRARY_DIR, NETWORK, ROOT, docker, sql, states
 from waiting import wait_for
 
@@ -195,9 +197,10 @@ def test_a_drain_stopped_in_a_batch_ends_as_a_success(client, queue):
     # As `systemctl stop` (a shutdown, a removal) does: SIGTERM to the runner and the batch alike.
     state = "/tmp/" + queue
     enqueue(client, queue, 30)
-    drain = client.start(["/usr/bin/python3", "/usr/local/bin/batchq-drain", "75", "120000000", "30000000", "--",
-                          "/usr/local/bin/batchq-pgqueue", "--queue", queue, "--limit", "10", "--work-ms", "300"],
-                         state + "/pid", state=state)
+    client.shell("printf %%s %s >%s/spec.json" % (shlex.quote(drain_runner.spec(timeout_s=120, stop_timeout_s=30)), state))
+    drain = client.start(["/usr/bin/python3", "/usr/local/bin/batchq-drain"] + drain_runner.arguments(
+        state + "/spec.json", ["/usr/local/bin/batchq-pgqueue", "--queue", queue, "--limit", "10", "--work-ms", "300"]),
+        state + "/pid", state=state)
     try:
         # in its second batch, so that the first's backlog exit went on at once
         wait_for(lambda: len(claimed(client, state)) >= 2, 60, "the drain's second batch")

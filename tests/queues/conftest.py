@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -18,6 +17,7 @@ SQS = os.path.join(TOP, "examples", "sqs_queue")
 SPOOL = os.path.join(TOP, "examples", "spool_queue")
 sys.path[:0] = [LIBRARY, SQS, SPOOL]
 sys.path.append(os.path.join(TOP, "tests", "unit"))
+from waiting import wait_for  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def parsed_options(defaults, changes):
@@ -58,17 +58,18 @@ def moto_url(tmp_path_factory):
                                "-H", "127.0.0.1", "-p", str(port)],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = "http://127.0.0.1:%d" % port
+
+    def answers():
+        if server.poll() is not None:
+            raise RuntimeError("moto_server ended with %s" % server.returncode)
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+        except OSError:
+            return False
+        return True
+
     try:
-        for _round in range(200):
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None:
-                    raise RuntimeError("moto_server ended with %s" % server.returncode)
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("moto_server did not answer on %s" % url)
+        wait_for(answers, 30, "moto_server to answer on %s" % url)
         yield url
     finally:
         os.killpg(server.pid, signal.SIGKILL)

@@ -12,11 +12,10 @@ import time
 import pytest
 
 import batchq_queue
+import drain_runner
 from batchq_queue import MemoryBackend
-from conftest import TOP, alive, parsed_options
+from conftest import alive, parsed_options
 from waiting import wait_for
-
-RUNNER = os.path.join(TOP, "roles", "consumer", "files", "batchq-drain")
 
 
 @pytest.fixture(autouse=True)
@@ -160,17 +159,11 @@ def test_a_jobs_process_dies_with_its_batch(tmp_path):
         finally:
             os._exit(0)
     try:
-        deadline = time.monotonic() + 30
-        while not (noted.exists() and noted.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        job = int(noted.read_text())
+        job = int(wait_for(lambda: noted.exists() and noted.read_text(), 30, "the job to note its pid"))
         assert alive(job)
         os.killpg(batch, signal.SIGKILL)
         os.waitpid(batch, 0)
-        deadline = time.monotonic() + 10
-        while alive(job) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(job), "the job's process %d outlived its batch" % job
+        wait_for(lambda: not alive(job), 10, "the job's process %d to die with its batch" % job)
     finally:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.killpg(batch, signal.SIGKILL)
@@ -565,8 +558,9 @@ def test_a_drains_timeout_reaches_the_job_and_gives_it_back(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "INVOCATION_ID"}  # no systemd here
     env["PYTHONPATH"] = os.path.dirname(batchq_queue.__file__)
     started = time.monotonic()
-    runner = subprocess.Popen([sys.executable, RUNNER, "75", "3000000", "10000000", "--",
-                               sys.executable, str(script), str(state)], env=env)
+    (tmp_path / "spec.json").write_text(drain_runner.spec(timeout_s=3, stop_timeout_s=10))
+    runner = subprocess.Popen([sys.executable, str(drain_runner.RUNNER)] + drain_runner.arguments(
+        tmp_path / "spec.json", [sys.executable, script, state]), env=env)
     try:
         assert runner.wait(timeout=60) == -signal.SIGTERM  # the run failed at its timeout, as systemd's would
     finally:
