@@ -1,10 +1,9 @@
 """A consumer of batchq_pgqueue whose jobs do what their payload says, for test_property.py.
 
 Built as the writing guide says a consumer of your own is: the library and
-the backend from /usr/local/lib/batchq-queue, process(job) of its own. A
-payload is {"i": INDEX, "do": [KIND, ...]}; each job done appends INDEX to
-PROPERTY_RUNS. Texts travel as hex of their UTF-8 (lone surrogates passed through):
-jsonb holds neither a NUL nor a lone surrogate.
+the backend from /usr/local/lib/batchq-queue, process(job) of its own. The
+jobs are those of the queue library's property model (tests/queues/property_model.py,
+copied beside the library): each job done appends its index to PROPERTY_RUNS.
 
 PROPERTY_FAULT ("kill:N" or "drop:N") strikes once, at the N-th job started
 (PROPERTY_STARTS counts them): the batch's process is SIGKILLed, or its
@@ -22,19 +21,7 @@ import time
 sys.path.insert(0, "/usr/local/lib/batchq-queue")
 
 import batchq_pgqueue  # noqa: E402
-
-
-class BadStr(Exception):
-    def __str__(self):
-        raise RuntimeError("a __str__ that fails")
-
-
-EXCEPTIONS = [ValueError, KeyError, RuntimeError, SystemExit, KeyboardInterrupt, MemoryError, GeneratorExit,
-              BadStr, UnicodeError]
-
-
-def text(hex_text):
-    return "x" * (1 << 20) if hex_text == "huge" else bytes.fromhex(hex_text).decode("utf-8", "surrogatepass")
+import property_model  # noqa: E402
 
 
 # The batch's process: the jobs run in its children.
@@ -88,28 +75,7 @@ def make_process(args):
 
     def process(job):
         fault(job, args.queue, runs)
-        payload = json.loads(job.payload)  # a payload Python cannot decode fails here, in its job
-        kind, *rest = payload["do"]
-        if kind == "flood":
-            sys.stdout.write("o" * (1 << 20))
-            sys.stderr.write("e" * (1 << 20))
-        elif kind == "flaky" and job.attempts <= rest[0]:
-            raise ConnectionError("down for attempt %d" % job.attempts)
-        elif kind == "raise":
-            raise EXCEPTIONS[rest[0]](text(rest[1]))
-        elif kind == "notjson":
-            return {"set": {1}, "nan": float("nan"), "object": object(), "bytes": b"x", "inf": [float("inf")]}[rest[0]]
-        elif kind == "oddresult":
-            return text(rest[0])  # a text PostgreSQL's text cannot hold: the database refuses the result
-        elif kind == "segv":
-            import resource  # pylint: disable=import-outside-toplevel
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            os.kill(os.getpid(), signal.SIGSEGV)
-        elif kind == "hang":
-            time.sleep(600)
-        with open(runs, "a") as handle:  # one write of a short line: whole, whatever runs beside it
-            handle.write("%d\n" % payload["i"])
-        return {"i": payload["i"]}
+        return property_model.work(job.payload, job.attempts, runs)
     return process
 
 

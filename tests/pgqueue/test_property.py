@@ -16,64 +16,22 @@ import pathlib
 import uuid
 
 from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
-from conftest import docker, sql
+import property_model
+from conftest import LIBRARY_DIR, QUEUE_TESTS, docker, sql
+from property_model import ending, payload
 
 CONSUMER = pathlib.Path(__file__).with_name("property_consumer.py")
 PROGRAM = "/usr/local/bin/batchq-property.py"
 JOB_TIMEOUT = 1  # a hang costs this much per attempt; the other jobs end in milliseconds
-ODD_TEXTS = ["", "a NUL \x00 byte", "a lone \udcff surrogate", "huge", "\ud800", "\n" * 5000,
-             "".join(map(chr, range(32))), "\x1b[31mred\x1b[0m", "\x7f\uffff\ufffe"]
-# Valid jsonb that Python's json refuses (too deep for its decoder).
-UNDECODABLE = "[" * 5000 + "]" * 5000
-
-
-def hexed(text):
-    return text if text == "huge" else text.encode("utf-8", "surrogatepass").hex()
-
-
-behaviour = st.one_of(
-    st.just(("ok",)),
-    st.just(("flood",)),
-    st.tuples(st.just("flaky"), st.integers(1, 2)),
-    st.tuples(st.just("raise"), st.integers(0, 8), st.one_of(st.sampled_from(ODD_TEXTS), st.text(max_size=40))),
-    st.tuples(st.just("notjson"), st.sampled_from(["set", "nan", "object", "bytes", "inf"])),
-    st.tuples(st.just("oddresult"), st.sampled_from(["a NUL \x00 byte", "a lone \udcff surrogate"])),
-    st.just(("segv",)),
-    st.just(("hang",)),
-    st.just(("undecodable",)),
-)
-plan = st.fixed_dictionaries({
-    "jobs": st.lists(behaviour, min_size=1, max_size=5),
-    "limit": st.integers(1, 4),
-    "max_attempts": st.integers(1, 3),
-    # at the N-th job started (N at most the number of jobs: each is started once at least)
-    "fault": st.one_of(st.none(), st.tuples(st.sampled_from(["kill", "drop"]), st.integers(1, 5))),
-})
+# The model's kinds and PostgreSQL's own: a result its text type refuses, a payload Python cannot decode.
+plan = property_model.plan(kinds=property_model.KINDS + (property_model.ODD_RESULT, property_model.UNDECODABLE),
+                           max_jobs=5, faults=("kill", "drop"))
 
 
 def attempts_of(case):
     """--max-attempts of the drain: one more with a fault, which may cost a job one attempt."""
     return case["max_attempts"] + (1 if case["fault"] else 0)
-
-
-def ending(step, max_attempts, lost):
-    """"done", "dead", or "either" for a job that may lose lost attempts to a fault."""
-    if step[0] in ("ok", "flood"):
-        return "done"
-    if step[0] == "flaky":
-        needed = step[1] + 1
-        return "done" if needed <= max_attempts - lost else "dead" if needed > max_attempts else "either"
-    return "dead"
-
-
-def payload(index, step):
-    if step[0] == "undecodable":
-        return UNDECODABLE
-    if step[0] in ("raise", "oddresult"):
-        step = step[:-1] + (hexed(step[-1]),)
-    return '{"i": %d, "do": %s}' % (index, json.dumps(list(step)))
 
 
 def drain(client, queue, case):
@@ -141,6 +99,8 @@ def check_fault(client, queue, case, rows):
 
 def test_every_job_is_done_once_or_dead_after_max_attempts(client):
     docker("cp", str(CONSUMER), "%s:%s" % (client.name, PROGRAM))
+    # beside the library, where the consumer imports it from
+    docker("cp", str(QUEUE_TESTS / "property_model.py"), "%s:%s/property_model.py" % (client.name, LIBRARY_DIR))
 
     # Failing examples are kept, and tried first the next time (HYPOTHESIS_STORAGE_DIRECTORY, set by make).
     @settings(max_examples=10, deadline=None,

@@ -5,102 +5,38 @@ return what JSON cannot hold, die by SIGSEGV, hang past --job-timeout or
 flood their output. Run against the in-memory backend, against SQS on a
 moto server and against a spool directory, every job ends done exactly once, or dead after exactly
 --max-attempts; no job that could succeed goes dead; the drain takes a
-bounded number of batches."""
+bounded number of batches. The jobs, what they do and how each must end are
+the model of property_model.py, which tests/pgqueue/test_property.py runs
+against PostgreSQL."""
 
-import argparse
 import json
 import os
-import signal
 import shutil
-import sys
 import tempfile
-import time
 import uuid
 
 import boto3
 from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 import batchq_queue
 import batchq_spool
 import batchq_sqs
+import property_model
+from conftest import parsed_options
+from property_model import ending
 
 TIMEOUT = 0.5  # a hang costs this much per attempt; the other jobs end in milliseconds
-ODD_TEXTS = ["", "a NUL \x00 byte", "a lone \udcff surrogate", "x" * (1 << 20), "\ud800", "\n" * 5000,
-             "".join(map(chr, range(32))), "\x1b[31mred\x1b[0m", "\x7f\uffff\ufffe"]
-
-
-class BadStr(Exception):
-    def __str__(self):
-        raise RuntimeError("a __str__ that fails")
-
-
-EXCEPTIONS = [ValueError, KeyError, RuntimeError, SystemExit, KeyboardInterrupt, MemoryError, GeneratorExit,
-              BadStr, UnicodeError]
-NOT_JSON = ["set", "nan", "object", "bytes", "inf"]
-
-behaviour = st.one_of(
-    st.just(("ok",)),
-    st.just(("flood",)),
-    st.tuples(st.just("flaky"), st.integers(1, 2)),
-    st.tuples(st.just("raise"), st.sampled_from(range(len(EXCEPTIONS))),
-              st.one_of(st.sampled_from(ODD_TEXTS), st.text(max_size=40))),
-    st.tuples(st.just("notjson"), st.sampled_from(NOT_JSON)),
-    st.just(("segv",)),
-    st.just(("hang",)),
-)
-plan = st.fixed_dictionaries({
-    "jobs": st.lists(behaviour, min_size=1, max_size=6),
-    "limit": st.integers(1, 4),
-    "max_attempts": st.integers(1, 3),
-})
-
-
-def innocent(step, max_attempts):
-    return step[0] in ("ok", "flood") or (step[0] == "flaky" and step[1] < max_attempts)
-
-
-def make_process(jobs, log, payload):
-    def process(job):
-        index = json.loads(payload(job))["i"]
-        step = jobs[index]
-        kind = step[0]
-        if kind == "flood":
-            sys.stdout.write("o" * (1 << 20))
-            sys.stderr.write("e" * (1 << 20))
-        elif kind == "flaky" and job.attempts <= step[1]:
-            raise ConnectionError("down for attempt %d" % job.attempts)
-        elif kind == "raise":
-            raise EXCEPTIONS[step[1]](step[2])
-        elif kind == "notjson":
-            return {"set": {1}, "nan": float("nan"), "object": object(), "bytes": b"x", "inf": [float("inf")]}[step[1]]
-        elif kind == "segv":
-            import faulthandler
-            import resource
-            faulthandler.disable()  # a stand-in crash: no stack dump, no core file
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            os.kill(os.getpid(), signal.SIGSEGV)
-        elif kind == "hang":
-            time.sleep(60)
-        with open(log, "a") as handle:  # one write of a short line: whole, whatever runs beside it
-            handle.write("%d\n" % index)
-        return {"i": index}
-    return process
+plan = property_model.plan()
 
 
 def options(limit, max_attempts):
-    parser = argparse.ArgumentParser()
-    batchq_queue.add_common_options(parser)
-    args = parser.parse_args([])
-    args.limit, args.max_attempts = limit, max_attempts
-    args.backoff_min = args.backoff_max = 0.0
-    args.job_timeout = TIMEOUT
-    return args
+    return parsed_options({"backoff_min": 0.0, "backoff_max": 0.0, "job_timeout": TIMEOUT},
+                          {"limit": limit, "max_attempts": max_attempts})
 
 
 def drain(backend, jobs, args, log, empty, payload=lambda job: job.payload):
     """Batches until empty(). backend is the queue, or a function that makes each batch's (the spool's)."""
-    process = make_process(jobs, log, payload)
+    process = property_model.make_process(log, payload)
     bound = len(jobs) * args.max_attempts + 3  # every batch but the last makes progress
     for batches in range(1, bound + 1):
         code = batchq_queue.run_batch(backend() if callable(backend) else backend, process, args)
@@ -108,6 +44,11 @@ def drain(backend, jobs, args, log, empty, payload=lambda job: job.payload):
         if code == 0 and empty():
             return batches
     raise AssertionError("not drained in %d batches" % bound)
+
+
+def innocent(step, max_attempts):
+    """Whether the job of step succeeds within max_attempts: it must end done."""
+    return ending(step, max_attempts) == "done"
 
 
 def check_runs(jobs, max_attempts, log):
@@ -127,7 +68,7 @@ def test_every_job_done_once_or_dead_after_max_attempts_in_memory(case):
     try:
         log = os.path.join(folder, "runs")
         open(log, "w").close()
-        backend = batchq_queue.MemoryBackend([json.dumps({"i": i}) for i in range(len(jobs))])
+        backend = batchq_queue.MemoryBackend([property_model.payload(i, step) for i, step in enumerate(jobs)])
         drain(backend, jobs, options(case["limit"], max_attempts), log,
               lambda: all(job["state"] in ("done", "dead") for job in backend.jobs.values()))
         for index, step in enumerate(jobs):
@@ -159,8 +100,9 @@ def test_on_sqs(moto_url):
         url = sqs.create_queue(QueueName="jobs-" + name, Attributes={"RedrivePolicy": json.dumps(
             {"deadLetterTargetArn": arn, "maxReceiveCount": str(max_attempts + 2)})})["QueueUrl"]
         for start in range(0, len(jobs), 10):
-            sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": json.dumps({"i": i})}
-                                                          for i in range(start, min(start + 10, len(jobs)))])
+            sqs.send_message_batch(QueueUrl=url, Entries=[
+                {"Id": str(i), "MessageBody": property_model.payload(i, jobs[i])}
+                for i in range(start, min(start + 10, len(jobs)))])
         folder = tempfile.mkdtemp()
         try:
             log = os.path.join(folder, "runs")
@@ -214,7 +156,7 @@ def test_on_a_spool(case):
             os.makedirs(os.path.join(spool, name))
         for index in range(len(jobs)):
             with open(os.path.join(spool, "incoming", "job-%d" % index), "w") as handle:
-                handle.write(json.dumps({"i": index}))
+                handle.write(property_model.payload(index, jobs[index]))
         args = options(case["limit"], max_attempts)
         args.spool, args.records_bytes = spool, 1 << 20
 
