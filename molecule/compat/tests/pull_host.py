@@ -70,7 +70,7 @@ def release_of(container):
 def debian_packages(container, packages, cache):
     """Download what the host needs of packages, with this machine's apt-get
     and the host's sources, keys and dpkg status; returns the .deb files."""
-    root = pathlib.Path(cache) / ("apt-" + release_of(container))
+    root = pathlib.Path(cache).resolve() / ("apt-" + release_of(container))
     for folder in ("etc/trusted.gpg.d", "etc/preferences.d", "lists/partial", "archives/partial"):
         (root / folder).mkdir(parents=True, exist_ok=True)
     for source, target in (("/etc/apt/sources.list", "etc/sources.list"), ("/var/lib/dpkg/status", "status")):
