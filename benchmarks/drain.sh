@@ -151,8 +151,17 @@ run_distro() {
   else
     wrapper=/usr/local/lib/drain-bench/batchq-drain
     inside mkdir -p "${wrapper%/*}"
-    docker cp -q roles/consumer/files/batchq-drain "$host:$wrapper"
+    # the runner, its modules and the run protocol, as the role lays them out
+    for file in roles/consumer/files/batchq-drain roles/consumer/files/batchq_*.py roles/consumer/files/consumer_protocol.py; do
+      docker cp -q -L "$file" "$host:${wrapper%/*}/${file##*/}"
+    done
   fi
+  # (w)'s runtime spec: batches back to back while they exit 75, no timeout, no metrics
+  docker exec -i "$host" sh -c "cat >${wrapper%/*}/bench-w.json" <<'JSON'
+{"spec_version": 1, "consumer": "bench-w", "services": ["bench-w.service"], "backlog_exit_code": 75,
+ "timeout_usec": 0, "stop_timeout_usec": 0, "interval_usec": 1000000, "preload": [], "metrics_folder": null,
+ "hooks": null, "hook_credentials": null}
+JSON
   # Let the first, empty runs of the bench-* consumers pass.
   sleep 2
   while inside sh -c 'systemctl list-units --state=activating --plain --no-legend "batchq-*" | grep -q .'; do sleep 1; done

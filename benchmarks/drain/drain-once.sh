@@ -31,7 +31,7 @@ case $variant in
   a) systemctl start "batchq-bench-$batch.service" ;;
   b) systemctl start --wait "bench-daemon-$batch.service" ;;
   c) while "$consumer" "$dir" "$batch" >/dev/null; [ $? -eq 75 ]; do :; done ;;
-  w) python3 -I "$wrapper" 75 0 0 -- "$consumer" "$dir" "$batch" ;;
+  w) python3 -I "$wrapper" --spec "${wrapper%/*}/bench-w.json" --unit bench-w.service -- "$consumer" "$dir" "$batch" ;;
   p) systemctl start "batchq-py-$batch.service" ;;
   n) systemctl start "batchq-pyfresh-$batch.service" ;;
   *) echo "drain-once: no variant $variant" >&2; exit 2 ;;
