@@ -48,7 +48,7 @@ def journal_since(host, since):
     """Every field of every journal entry since since (seconds since the epoch), as text: all units and
     programs (the deploy's modules log their arguments there too). A value that is not UTF-8 comes as bytes."""
     entries = [json.loads(line) for line in host.check_output(
-        "journalctl --no-pager -o json --since @%d", int(since)).splitlines() if line.strip()]
+        "journalctl --no-pager -o json --since @%s", str(int(since))).splitlines() if line.strip()]
     return ["%s=%s" % (key, bytes(value).decode("utf-8", "replace") if isinstance(value, list) else value)
             for entry in entries for key, value in entry.items()]
 
