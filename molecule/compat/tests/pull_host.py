@@ -38,9 +38,8 @@ INBOX = "/var/cache/batchq-pull"
 COLLECTIONS = "/usr/share/ansible/collections"
 
 
-def run(*command, **options):
-    options.setdefault("check", True)
-    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options)
+def run(*command, check=True):
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=check)
 
 
 def on_host(container, command, check=True):

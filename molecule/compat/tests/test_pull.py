@@ -118,8 +118,9 @@ def test_a_host_pulls_its_repository_and_deploys_its_own_consumers(puller, host)
     assert show(host, PREFIX + "pulled.timer", "ActiveState", "UnitFileState") == {
         "ActiveState": "active", "UnitFileState": "enabled"}
     # a new commit with the same consumers changes nothing
-    _, returncode, output = puller.pull([PULLED], "the same consumers again")
+    commit, returncode, output = puller.pull([PULLED], "the same consumers again")
     assert returncode == 0 and "changed=0 " in output.split("PLAY RECAP")[-1], output
+    assert host.check_output("git -C %s rev-parse HEAD", CHECKOUT) == commit
 
 
 def test_a_wrong_consumer_in_the_pulled_repository_changes_nothing(puller, host):
@@ -135,7 +136,8 @@ def test_a_wrong_consumer_in_the_pulled_repository_changes_nothing(puller, host)
 
 
 def test_a_consumer_removed_from_the_pulled_repository_goes(puller, host):
-    _, returncode, output = puller.pull([dict(PULLED, state="absent")], "the pulled consumer goes")
+    commit, returncode, output = puller.pull([dict(PULLED, state="absent")], "the pulled consumer goes")
     assert returncode == 0, output
+    assert host.check_output("git -C %s rev-parse HEAD", CHECKOUT) == commit
     assert host.run("ls /etc/systemd/system/%spulled.*", PREFIX).stdout == ""
     assert show(host, PREFIX + "pulled.timer", "LoadState") == {"LoadState": "not-found"}
