@@ -313,9 +313,19 @@ class Host:
             raise CommandError("%s failed (rc=%d): %s" % (" ".join(argv), rc, err.strip()))
         return out
 
+    def run_listing(self, argv):
+        """A systemctl listing: systemd 257 and later exit 1 from list-unit-files
+        when no file matches its patterns, with nothing on stdout or stderr."""
+        rc, out, err = self.module.run_command(argv, environ_update=LANG_C)
+        if rc == 1 and not out.strip() and not err.strip():
+            return ""
+        if rc != 0:
+            raise CommandError("%s failed (rc=%d): %s" % (" ".join(argv), rc, err.strip()))
+        return out
+
     def units(self, prefix, pool):
         pattern = [prefix + "*.service", prefix + "*.timer"]
-        return "".join(pool.map(self.run, (
+        return "".join(pool.map(self.run_listing, (
             [self.systemctl, "list-unit-files", "--no-legend", "--plain", "--"] + pattern,
             [self.systemctl, "list-units", "--all", "--no-legend", "--plain", "--"] + pattern)))
 

@@ -152,3 +152,45 @@ def test_many_services_are_read_in_up_to_four_shares_that_hold_each_once(count, 
     assert len(parts) == reads
     assert sorted(service for part in parts for service in part) == services
     assert all(len(part) >= 8 for part in parts) or reads <= 1
+
+
+def test_a_host_without_consumers_reports_none_though_its_systemd_says_so_with_exit_1(monkeypatch, module_args):
+    """systemd 257 (Debian 13) exits 1 from list-unit-files when no unit file
+    matches, with no output at all (seen on a batchq/debian:trixie container)."""
+    def run_command(self, argv, **kwargs):
+        if argv[1] == "list-unit-files":
+            return 1, "", ""
+        if argv[1] == "list-units":
+            return 0, "", ""
+        raise AssertionError("nothing else to ask of a host without consumers: %s" % argv)
+
+    def exit_json(self, **result):
+        reports.append(result)
+        raise Exit()
+
+    reports = []
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
+    with module_args({}), pytest.raises(Exit):
+        consumer_info.main()
+    assert reports[0]["consumers"] == {}
+
+
+def test_a_listing_that_fails_with_words_still_fails_the_module(monkeypatch, module_args):
+    def run_command(self, argv, **kwargs):
+        return (1, "", "Failed to connect to bus") if argv[1] == "list-unit-files" else (0, "", "")
+
+    def fail_json(self, **result):
+        failures.append(result["msg"])
+        raise Exit()
+
+    failures = []
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
+    with module_args({}), pytest.raises(Exit):
+        consumer_info.main()
+    assert "Failed to connect to bus" in failures[0], failures

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).parents[2]
-FOLDERS = ["postgresql_queue", "spool_queue", "sqs_queue"]
+FOLDERS = ["awx_project", "postgresql_queue", "spool_queue", "sqs_queue"]
 
 
 def playbooks(folder):
