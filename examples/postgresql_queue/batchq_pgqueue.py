@@ -15,13 +15,16 @@ A batch works on one connection, in short transactions of their own:
    work begins. So a batch that dies (SIGSEGV, out of memory, its timeout,
    its host lost) has used that attempt like a job that raises. A job that
    kills every batch ends 'dead' after --max-attempts.
-2. Each job's outcome commits on its own, as the job ends: its result and
-   'done' in one transaction, or 'queued' again after a backoff, or 'dead'.
-   A batch killed after N jobs keeps those N done, and charges them nothing
-   more. No transaction is open while a job works, so a long batch holds
-   back no VACUUM.
-A result the database refuses (a constraint, a NUL byte) rolls back its own
-transaction: that job fails (batchq_queue.Refused), and the batch goes on.
+2. Each job's outcome commits on its own, as the job ends, in one
+   statement: its 'done' mark and its result together (DONE), or 'queued'
+   again after a backoff, or 'dead'. The session is in autocommit, so that
+   statement is a transaction of its own: one round trip, no BEGIN nor
+   COMMIT. A batch killed after N jobs keeps those N done, and charges them
+   nothing more. No transaction is open while a job works, so a long batch
+   holds back no VACUUM.
+A result the database refuses (a constraint, a NUL byte) fails its own
+statement, and nothing of it is applied: that job fails (batchq_queue.Refused),
+and the batch goes on.
 
 How a batch holds its jobs while they work: by its session. Before its
 claim, the batch takes a session-level advisory lock, its claim lock: the
@@ -154,10 +157,26 @@ CLAIM = """
                            claim_lock = %(lock)s, claimed_at = now()
     WHERE id IN (SELECT id FROM abandoned UNION ALL SELECT id FROM due)
     RETURNING id, payload::text, attempts"""
-# The outcomes: each in a transaction of its own, and only of a job that this batch still holds.
+# The outcomes: each one statement, a transaction of its own (autocommit), and only of a job
+# that this batch still holds. One statement, not BEGIN, the writes and COMMIT: each statement
+# is a round trip, and costs the client and the server CPU (benchmarks/queues.py; the
+# performance guide, "Small jobs in the reference consumers").
 OURS = "id = %(id)s AND state = 'running' AND claimed_by = %(me)s AND claim_lock = %(lock)s"
-DONE = """UPDATE batchq_jobs SET state = 'done', done_at = now(), done_by = %(me)s, claimed_by = NULL,
-                                 claim_lock = NULL WHERE """ + OURS
+# The writes of a done job's result; replace them with yours. Each is a data-modifying WITH
+# query that reads the job's id from "done": PostgreSQL runs each of them to its end, though
+# the statement's last SELECT reads none of them. It writes nothing when "done" is empty.
+# %(result)s is what process(job) returned: a text as it is, anything else as its JSON text.
+RESULT_WRITES = """
+    result AS (INSERT INTO batchq_results (job_id, result, applied_by) SELECT id, %(result)s, %(me)s FROM done)"""
+# A done job: its 'done' mark and its result's writes, both or neither. Its row counts the jobs
+# marked: 0 when the job is no longer this batch's, and then nothing is written.
+DONE = """
+    WITH done AS (
+        UPDATE batchq_jobs SET state = 'done', done_at = now(), done_by = %(me)s, claimed_by = NULL, claim_lock = NULL
+        WHERE """ + OURS + """
+        RETURNING id
+    ),""" + RESULT_WRITES + """
+    SELECT count(*) FROM done"""
 FAILED = """UPDATE batchq_jobs SET state = 'queued', last_error = %(error)s, claimed_by = NULL, claim_lock = NULL,
                                    run_at = now() + %(delay)s * interval '1 second' WHERE """ + OURS
 DEAD = """UPDATE batchq_jobs SET state = 'dead', last_error = %(error)s, claimed_by = NULL, claim_lock = NULL
@@ -262,9 +281,9 @@ def startup_settings(options):
 
 def configure_session(conn):
     """SESSION's settings, for the whole session (a pooler's reset undoes them when the
-    batch's connection ends), and autocommit: the batch writes its transactions out
-    (BEGIN ... COMMIT), and is in none between them. One statement that reads no
-    catalog: it runs once per batch."""
+    batch's connection ends), and autocommit: each statement is a transaction of its own,
+    and the claim writes its transaction out (BEGIN ... COMMIT). The batch is in no
+    transaction between them. One statement that reads no catalog: it runs once per batch."""
     given = startup_settings(conn.info.options)
     settings = [(name, value) for name, value in SESSION if name not in given
                 and (name != "idle_session_timeout" or conn.info.server_version >= 140000)]
@@ -273,15 +292,6 @@ def configure_session(conn):
         with conn.cursor() as cursor:
             cursor.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings)),
                            [value for setting in settings for value in setting])
-
-
-def apply_result(cursor, job, result, me):
-    """The database writes of a done job's result, in the job's own transaction, after its
-    'done' mark; replace them with yours. result is what process(job) returned: a text as it
-    is, anything else as its JSON text."""
-    value = json.loads(result) if result.startswith('"') else result
-    cursor.execute("INSERT INTO batchq_results (job_id, result, applied_by) VALUES (%s, %s, %s)",
-                   (job.id, value, me))
 
 
 def add_options(parser):
@@ -406,8 +416,8 @@ class PgBackend(batchq_queue.Backend):
         self.conn = None
 
     def _gone(self, what, exc):
-        """A statement failed outside a job's own transaction: the session is lost, or of no more
-        use. It is closed (its claim lock with it), every later call fails, and no job starts."""
+        """A statement failed, and the session is lost or of no more use (a job's outcome refused
+        is not this). It is closed (its claim lock with it), every later call fails, and no job starts."""
         self.broken = self.broken or "%s: %s" % (what, clean_text(str(exc).strip()))
         self._disconnect()
         return QueueError(self.broken)
@@ -447,42 +457,36 @@ class PgBackend(batchq_queue.Backend):
     def start(self, job):
         self._alive()  # no job starts once the session is lost: its outcome could not be written
 
-    def _transaction(self, what, writes):
-        """writes(cursor) in a transaction of their own, committed. None, or the refusal's text when
-        the database (or the driver: a NUL, a lone surrogate) refused them: nothing of them is applied
-        then, and the session goes on. QueueError when the session is lost: nothing is known applied."""
+    def _write(self, job, query, values):
+        """One job's outcome: query, one statement that commits on its own (autocommit). None once it
+        committed. The refusal's text when the database (or the driver: a NUL, a lone surrogate)
+        refused it: nothing of it is applied then, and the session goes on. QueueError when the
+        session is lost (nothing is known applied), or when the job is no longer this batch's."""
         if self.broken:
             raise QueueError(self.broken)
         try:
             with self.conn.cursor() as cursor:
-                cursor.execute("BEGIN")
-                writes(cursor)
-                cursor.execute("COMMIT")
-        except BaseException as exc:  # pylint: disable=broad-except  # rolled back whatever failed
+                cursor.execute(query, values)
+                marked = cursor.fetchone()[0] if cursor.description else cursor.rowcount
+        except (psycopg.Error, ValueError) as exc:
+            # A refusal leaves the session as it was; a lost session fails this statement too.
             try:
                 with self.conn.cursor() as cursor:
-                    cursor.execute("ROLLBACK")
+                    cursor.execute("SELECT 1")
             except psycopg.Error:
-                raise self._gone(what, exc) from exc
-            if isinstance(exc, (psycopg.Error, ValueError)):
-                return clean_text(str(exc).strip())
-            raise
+                raise self._gone("job %s's outcome" % job.id, exc) from exc
+            return clean_text(str(exc).strip())
         self.spoke = time.monotonic()
+        if marked != 1:  # set 'dead', or taken back, by another hand (a consumer of before claim_lock?)
+            raise QueueError("job %s is no longer this batch's: its outcome is not written" % job.id)
         return None
 
     def _ours(self, job, **values):
         return dict(values, id=job.id, me=self.me, lock=self.lock)
 
-    def _update(self, cursor, job, query, values):
-        cursor.execute(query, values)
-        if cursor.rowcount != 1:  # set 'dead', or taken back, by another hand (a consumer of before claim_lock?)
-            raise QueueError("job %s is no longer this batch's: its outcome is not written" % job.id)
-
     def done(self, job, result):
-        def writes(cursor):
-            self._update(cursor, job, DONE, self._ours(job))
-            apply_result(cursor, job, result, self.me)
-        refusal = self._transaction("job %s's outcome" % job.id, writes)
+        value = json.loads(result) if result.startswith('"') else result  # a text as it is
+        refusal = self._write(job, DONE, self._ours(job, result=value))
         if refusal:
             raise batchq_queue.Refused(refusal)
         self.counts["done"] += 1
@@ -495,9 +499,7 @@ class PgBackend(batchq_queue.Backend):
         self.counts["dead"] += 1
 
     def _outcome(self, job, query, values):
-        def writes(cursor):
-            self._update(cursor, job, query, values)
-        refusal = self._transaction("job %s's outcome" % job.id, writes)
+        refusal = self._write(job, query, values)
         if refusal:
             raise QueueError("the job's outcome was refused: %s" % refusal)
         self.counts["failed"] += 1

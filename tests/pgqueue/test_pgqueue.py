@@ -312,6 +312,49 @@ def test_a_result_refused_at_its_commit_fails_that_job_only(client, queue):
         "its result was refused: result of job %s refused at the commit" % refused)
 
 
+# Each outcome of a job in one statement, with the statements a backend sends counted by a
+# cursor of the driver's own class.
+OUTCOME_STATEMENTS = """
+import argparse, json, os, sys
+sys.path.insert(0, "%s")
+import batchq_pgqueue as pgqueue, batchq_queue
+psycopg = pgqueue.psycopg
+sent = []
+
+class Counting(psycopg.extensions.cursor if hasattr(psycopg, "extensions") else psycopg.Cursor):
+    def execute(self, query, params=None, **options):
+        sent.append(str(query))
+        return super().execute(query, params, **options)
+
+parser = argparse.ArgumentParser()
+batchq_queue.add_common_options(parser)
+pgqueue.add_options(parser)
+backend = pgqueue.PgBackend(parser.parse_args(["--queue", sys.argv[1]]), connect=lambda: psycopg.connect(
+    os.environ.get("BATCHQ_PG_DSN", ""), cursor_factory=Counting, **pgqueue.connection_options()))
+jobs = backend.claim(3)
+counts = []
+for job, call, values in zip(jobs, (backend.done, backend.failed, backend.dead),
+                             (['"its result"'], ["its error", 3600], ["its last error"])):
+    del sent[:]
+    call(job, *values)
+    counts.append(len(sent))
+print(json.dumps(counts))
+""" % LIBRARY_DIR
+
+
+def test_each_outcome_of_a_job_is_one_statement_that_commits_on_its_own(client, queue):
+    # A statement per outcome, not BEGIN, the writes and COMMIT: each statement costs a round trip and
+    # CPU on both sides. The outcomes are there once the batch's session is closed: they committed.
+    enqueue(client, queue, 3)
+    done = docker(*client.argv("python3", ["-c", OUTCOME_STATEMENTS, queue], {}, None), check=False)
+    assert done.returncode == 0, done.stdout
+    assert json.loads(done.stdout) == [1, 1, 1], done.stdout
+    assert jobs(queue) == [(1, "done", 1), (2, "queued", 1), (3, "dead", 1)]
+    assert sql("SELECT r.result FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
+               "WHERE j.queue = '%s'" % queue) == "its result"
+    assert sql("SELECT coalesce(last_error, '-') FROM batchq_jobs WHERE queue = '%s' ORDER BY id"
+               % queue).splitlines() == ["-", "its error", "its last error"]
+
 def test_an_outage_is_a_failed_run_and_backs_off(client, queue):
     enqueue(client, queue, 20)
     client.shell("touch /tmp/%s/down" % queue)
