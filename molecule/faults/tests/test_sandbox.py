@@ -69,7 +69,8 @@ def test_secrets_stay_out_of_units_logs_and_diffs(hosts):
     used = {}  # a run of typical with each secret, on each host: the runs whose logs are read below
     for host in hosts:
         token = hashlib.sha256(new_secret.encode()).hexdigest()
-        used[host] = [wait_for(lambda: [r for r in finished(runs(host, "typical")) if r["token_sha256"] == token], 30,
+        used[host] = [wait_for(lambda: [r for r in finished(runs(host, "typical"))
+                                        if r["token_sha256"] == token and r["start"] > began], 30,
                                "a run of typical with the new secret")[-1]]
     assert deploy().returncode == 0  # back to the scenario's secret
     for host in hosts:
