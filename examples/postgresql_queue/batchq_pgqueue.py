@@ -334,6 +334,9 @@ class PgBackend(batchq_queue.Backend):
         self.connect = connect or (lambda: psycopg.connect(os.environ.get("BATCHQ_PG_DSN", ""),
                                                            **connection_options()))
         self.conn = None
+        # The cursor of the jobs' outcomes, one a session: a cursor a job cost psycopg 3 (pure
+        # Python on Debian) about 50 us of the batch's 400 us of CPU a job.
+        self.cursor = None
         self.me = batch_name()
         self.lock = None  # this batch's claim lock: the number in claim_lock of the jobs it holds
         self.counts = {}
@@ -358,6 +361,7 @@ class PgBackend(batchq_queue.Backend):
             if self.conn is None:
                 self.conn = self.connect()
                 configure_session(self.conn)
+                self.cursor = self.conn.cursor()
             claimed = self._claim(limit)
         except psycopg.Error as exc:
             self._disconnect()  # the server rolls back what the claim began, and drops its lock
@@ -413,7 +417,7 @@ class PgBackend(batchq_queue.Backend):
         if self.conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self.conn.close()
-        self.conn = None
+        self.conn = self.cursor = None
 
     def _gone(self, what, exc):
         """A statement failed, and the session is lost or of no more use (a job's outcome refused
@@ -465,9 +469,8 @@ class PgBackend(batchq_queue.Backend):
         if self.broken:
             raise QueueError(self.broken)
         try:
-            with self.conn.cursor() as cursor:
-                cursor.execute(query, values)
-                marked = cursor.fetchone()[0] if cursor.description else cursor.rowcount
+            self.cursor.execute(query, values)
+            marked = self.cursor.fetchone()[0] if self.cursor.description else self.cursor.rowcount
         except (psycopg.Error, ValueError) as exc:
             # A refusal leaves the session as it was; a lost session fails this statement too.
             try:
