@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 
-from testlib import INVENTORY, consumer_info, journal, show, wait_for
+from testlib import INVENTORY, consumer_info, control, journal, show, wait_for
 
 
 def playbook(name, *extra):
@@ -28,10 +28,9 @@ def test_consumer_info_reports_the_runs_of_a_timer_driven_consumer(host):
 
 
 def test_control_runs_a_drain_whose_batches_follow_each_other_in_one_run(host):
-    returncode, output = playbook("consumer_control", "-e", "consumer_action=run", "-e", "consumer_names=drain")
+    returncode, output = control("run", "-e", "consumer_names=drain")
     assert returncode == 0, output
-    returncode, output = playbook("consumer_control", "-e", "consumer_action=wait", "-e", "consumer_names=drain",
-                                  "-e", "consumer_wait_timeout=120")
+    returncode, output = control("wait", "-e", "consumer_names=drain", "-e", "consumer_wait_timeout=120")
     assert returncode == 0, output
     assert show(host, "batchq-drain.service", "ActiveState", "Result") == {
         "ActiveState": "inactive", "Result": "success"}, journal(host, "drain")
@@ -44,10 +43,10 @@ def test_control_runs_a_drain_whose_batches_follow_each_other_in_one_run(host):
 
 
 def test_control_pauses_and_resumes_a_timer(host):
-    returncode, output = playbook("consumer_control", "-e", "consumer_action=pause", "-e", "consumer_names=steady")
+    returncode, output = control("pause", "-e", "consumer_names=steady")
     assert returncode == 0, output
     assert show(host, "batchq-steady.timer", "ActiveState") == {"ActiveState": "inactive"}
-    returncode, output = playbook("consumer_control", "-e", "consumer_action=resume", "-e", "consumer_names=steady")
+    returncode, output = control("resume", "-e", "consumer_names=steady")
     assert returncode == 0, output
     wait_for(lambda: show(host, "batchq-steady.timer", "ActiveState") == {"ActiveState": "active"},
              30, "the steady timer to be active again")
