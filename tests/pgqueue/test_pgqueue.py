@@ -355,6 +355,7 @@ def test_each_outcome_of_a_job_is_one_statement_that_commits_on_its_own(client, 
     assert sql("SELECT coalesce(last_error, '-') FROM batchq_jobs WHERE queue = '%s' ORDER BY id"
                % queue).splitlines() == ["-", "its error", "its last error"]
 
+
 def test_an_outage_is_a_failed_run_and_backs_off(client, queue):
     enqueue(client, queue, 20)
     client.shell("touch /tmp/%s/down" % queue)
