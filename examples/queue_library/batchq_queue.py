@@ -129,6 +129,10 @@ class Job:
 class Backend:
     """What a queue implements. Each method raises QueueError when the queue fails."""
 
+    # The longest, in seconds, that done() may hold a job's outcome back to write it together
+    # with the outcomes of the jobs that end meanwhile (flush()). 0: done() writes it at once.
+    hold_seconds = 0.0
+
     def claim(self, limit):
         """Up to limit jobs, each with its attempt counted. [] only when the queue is empty."""
         raise NotImplementedError
@@ -146,8 +150,17 @@ class Backend:
 
     def done(self, job, result):
         """Apply the result (JSON text, or None when has_result was True) once, and remove the job.
-        Raises Refused, with nothing applied, when the queue will not hold this result."""
+        Raises Refused, with nothing applied, when the queue will not hold this result.
+        With hold_seconds, it may hold the outcome back instead, for flush() to write."""
         raise NotImplementedError
+
+    def flush(self, everything):
+        """Write the outcomes that done() holds back: those held hold_seconds or longer, or all of
+        them when everything is True (the batch ends). Returns [(job, refusal)] for each job whose
+        outcome this call wrote: refusal is None, or the text of the queue's refusal of its result
+        (nothing of it is applied; the library fails the job, as if done() had raised Refused).
+        Raises QueueError when the queue failed: no outcome held is known written then."""
+        return []
 
     def failed(self, job, error, delay):
         """The job's attempt failed: due again in delay seconds."""
@@ -508,9 +521,10 @@ class Workers:
         self.jobs = jobs
         self.worker = None
 
-    def run(self, index, timeout, keep_alive):
-        """("done", result JSON text), ("failed", error) or ("stopped", why) of the index-th job."""
-        heartbeat = HEARTBEAT  # read now: a test may shorten it
+    def run(self, index, timeout, keep_alive, heartbeat=None):
+        """("done", result JSON text), ("failed", error) or ("stopped", why) of the index-th job.
+        keep_alive() is called at least every heartbeat seconds (HEARTBEAT) while the job works."""
+        heartbeat = min(heartbeat or HEARTBEAT, HEARTBEAT)  # HEARTBEAT read now: a test may shorten it
         for _try in range(2):  # a worker found dead before the job started gets one successor
             if self.worker is None:
                 self.worker = Worker(self.process, self.jobs)
@@ -548,14 +562,38 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
     # A FIFO group whose job failed holds the rest of its jobs in this batch: they go back unstarted.
     blocked = set()
 
+    # The jobs done() took whose outcome the backend still holds (hold_seconds): not yet known written.
+    unsettled = []
+
+    def settle(everything):
+        """The outcomes the backend held and wrote now; a result it refused fails its job."""
+        if not unsettled:
+            return
+        try:
+            written = backend.flush(everything)
+        except QueueError as exc:
+            error = "flush: %s" % clean_text(str(exc))
+            if error not in errors:
+                errors.append(error)
+            counts["done"] -= len(unsettled)  # a job counts as done once its outcome is written
+            unsettled.clear()
+            return
+        for job, refusal in written:
+            unsettled.remove(job)
+            if refusal is not None:
+                counts["done"] -= 1
+                fail(job, "its result was refused: %s" % clean_text(refusal))
+
     def keep_alive():
-        """Keep the held jobs claimed: False once the queue failed."""
+        """Keep the held jobs claimed, and write the outcomes held long enough: False once the queue failed."""
         try:
             backend.keep_alive(held)
         except QueueError as exc:
             error = "keep_alive: %s" % clean_text(str(exc))
             if error not in errors:  # a queue down during a long job fails every heartbeat alike
                 errors.append(error)
+        if not errors:
+            settle(False)
         return not errors
 
     def outcome(call, *values):
@@ -565,6 +603,18 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
         except QueueError as exc:
             errors.append("%s: %s" % (call.__name__, clean_text(str(exc))))
             return False
+
+    def fail(job, text):
+        """The job's attempt failed: it backs off, or is dead after its last attempt."""
+        print("batchq: job %s attempt %d failed: %s" % (shown(job.id), job.attempts, text), file=sys.stderr)
+        if job.group is not None:
+            blocked.add(job.group)
+        if job.attempts >= args.max_attempts:
+            outcome(backend.dead, job, text)
+            counts["dead"] += 1
+        else:
+            outcome(backend.failed, job, text, backoff(job.attempts, args.backoff_min, args.backoff_max, uniform))
+            counts["failed"] += 1
 
     unstarted = []
     workers = Workers(process, jobs)
@@ -589,6 +639,7 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             if stored:
                 if outcome(backend.done, job, None):
                     counts["done"] += 1
+                    unsettled.append(job)
             elif job.attempts > args.max_attempts:
                 # Its earlier attempts' batches died before they could tell.
                 outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
@@ -598,7 +649,9 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
                 unstarted.append(job)
                 continue
             else:
-                kind, text = workers.run(index, args.job_timeout, keep_alive)
+                # While the backend holds outcomes, the batch wakes often enough to write them in time.
+                heartbeat = min(HEARTBEAT, backend.hold_seconds) if unsettled else HEARTBEAT
+                kind, text = workers.run(index, args.job_timeout, keep_alive, heartbeat)
                 if kind == "stopped":
                     unstarted.append(job)  # released as if not started: no failure is charged
                     continue
@@ -606,23 +659,15 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
                     try:
                         if outcome(backend.done, job, text):
                             counts["done"] += 1
+                            unsettled.append(job)
                     except Refused as exc:
                         kind, text = "failed", "its result was refused: %s" % clean_text(str(exc))
                 if kind == "failed":
-                    print("batchq: job %s attempt %d failed: %s" % (shown(job.id), job.attempts, text),
-                          file=sys.stderr)
-                    if job.group is not None:
-                        blocked.add(job.group)
-                    if job.attempts >= args.max_attempts:
-                        outcome(backend.dead, job, text)
-                        counts["dead"] += 1
-                    else:
-                        outcome(backend.failed, job, text,
-                                backoff(job.attempts, args.backoff_min, args.backoff_max, uniform))
-                        counts["failed"] += 1
+                    fail(job, text)
             held.remove(job)
     finally:
         workers.close()  # and what its jobs left running
+    settle(True)
     if unstarted:
         counts["released"] = len(unstarted)
         outcome(backend.release, unstarted)

@@ -329,31 +329,43 @@ class Counting(psycopg.extensions.cursor if hasattr(psycopg, "extensions") else 
 parser = argparse.ArgumentParser()
 batchq_queue.add_common_options(parser)
 pgqueue.add_options(parser)
-backend = pgqueue.PgBackend(parser.parse_args(["--queue", sys.argv[1]]), connect=lambda: psycopg.connect(
-    os.environ.get("BATCHQ_PG_DSN", ""), cursor_factory=Counting, **pgqueue.connection_options()))
-jobs = backend.claim(3)
-counts = []
-for job, call, values in zip(jobs, (backend.done, backend.failed, backend.dead),
-                             (['"its result"'], ["its error", 3600], ["its last error"])):
+
+def backend(*argv):
+    return pgqueue.PgBackend(parser.parse_args(["--queue", sys.argv[1], *argv]), connect=lambda: psycopg.connect(
+        os.environ.get("BATCHQ_PG_DSN", ""), cursor_factory=Counting, **pgqueue.connection_options()))
+
+def statements(call, *values):
     del sent[:]
-    call(job, *values)
-    counts.append(len(sent))
-print(json.dumps(counts))
+    answer = call(*values)
+    return len(sent), answer
+
+# --commit-delay 0: each outcome at once
+each = backend("--commit-delay", "0")
+jobs = each.claim(3)
+counts = [statements(call, job, *values)[0] for job, call, values in zip(
+    jobs, (each.done, each.failed, each.dead), (['"its result"'], ["its error", 3600], ["its last error"]))]
+# the default: two done jobs held, then written together
+held = backend()
+first, second = held.claim(2)
+counts += [statements(held.done, first, '"held"')[0], statements(held.done, second, '{"n": 2}')[0]]
+sent_count, written = statements(held.flush, True)
+print(json.dumps([counts, sent_count, [[job.id, refusal] for job, refusal in written]]))
 """ % LIBRARY_DIR
 
 
 def test_each_outcome_of_a_job_is_one_statement_that_commits_on_its_own(client, queue):
     # A statement per outcome, not BEGIN, the writes and COMMIT: each statement costs a round trip and
-    # CPU on both sides. The outcomes are there once the batch's session is closed: they committed.
-    enqueue(client, queue, 3)
+    # CPU on both sides. Done jobs held (--commit-delay) share one statement. The outcomes are there
+    # once the batch's session is closed: they committed.
+    enqueue(client, queue, 5)
     done = docker(*client.argv("python3", ["-c", OUTCOME_STATEMENTS, queue], {}, None), check=False)
     assert done.returncode == 0, done.stdout
-    assert json.loads(done.stdout) == [1, 1, 1], done.stdout
-    assert jobs(queue) == [(1, "done", 1), (2, "queued", 1), (3, "dead", 1)]
+    assert json.loads(done.stdout) == [[1, 1, 1, 0, 0], 1, [[int(job_id(queue, 4)), None], [int(job_id(queue, 5)), None]]]
+    assert jobs(queue) == [(1, "done", 1), (2, "queued", 1), (3, "dead", 1), (4, "done", 1), (5, "done", 1)]
     assert sql("SELECT r.result FROM batchq_results r JOIN batchq_jobs j ON j.id = r.job_id "
-               "WHERE j.queue = '%s'" % queue) == "its result"
+               "WHERE j.queue = '%s' ORDER BY j.id" % queue).splitlines() == ["its result", "held", '{"n": 2}']
     assert sql("SELECT coalesce(last_error, '-') FROM batchq_jobs WHERE queue = '%s' ORDER BY id"
-               % queue).splitlines() == ["-", "its error", "its last error"]
+               % queue).splitlines() == ["-", "its error", "its last error", "-", "-"]
 
 
 def test_an_outage_is_a_failed_run_and_backs_off(client, queue):

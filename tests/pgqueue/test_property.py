@@ -8,7 +8,8 @@ SIGKILLed, or its session terminated (pg_terminate_backend). The batches of
 property_consumer.py drain them: every job ends done with its result applied
 exactly once, or dead after exactly --max-attempts; no job that could succeed
 goes dead; the jobs done before the fault stay done as they were, and it cost
-a job one attempt at most. Few examples: each drain is a few batches in a
+a job one attempt at most. A job whose outcome was held to commit with
+others' (--commit-delay) when the fault struck runs once more. Few examples: each drain is a few batches in a
 client container."""
 
 import json
@@ -16,6 +17,7 @@ import pathlib
 import uuid
 
 from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import property_model
 from conftest import LIBRARY_DIR, QUEUE_TESTS, docker, sql
@@ -27,6 +29,10 @@ JOB_TIMEOUT = 1  # a hang costs this much per attempt; the other jobs end in mil
 # The model's kinds and PostgreSQL's own: a result its text type refuses, a payload Python cannot decode.
 plan = property_model.plan(kinds=property_model.KINDS + (property_model.ODD_RESULT, property_model.UNDECODABLE),
                            max_jobs=5, faults=("kill", "drop"))
+# --commit-delay: each outcome at once (0), or done jobs' outcomes held to commit together (the default).
+# A case without it has the default.
+DEFAULT_DELAY = 0.05
+plan = st.builds(lambda case, delay: dict(case, commit_delay=delay), plan, st.sampled_from([0.0, DEFAULT_DELAY]))
 
 
 def attempts_of(case):
@@ -44,10 +50,10 @@ def drain(client, queue, case):
         BATCHQ_CONSUMER={q} BATCHQ_BATCH=$n PROPERTY_RUNS=/tmp/{q}/runs PROPERTY_FAULT={fault} \\
         PROPERTY_STARTS=/tmp/{q}/starts PROPERTY_FAULT_FILE=/tmp/{q}/fault.json \\
           python3 {program} --queue {q} --limit {limit} --max-attempts {attempts} \\
-          --backoff-min 0 --backoff-max 0 --job-timeout {timeout} >>out 2>&1
+          --backoff-min 0 --backoff-max 0 --job-timeout {timeout} --commit-delay {delay} >>out 2>&1
         code=$?; echo $code; if [ $code = 0 ]; then break; fi
     done""".format(q=queue, bound=bound, program=PROGRAM, limit=case["limit"], attempts=attempts_of(case),
-                   timeout=JOB_TIMEOUT, fault=fault)
+                   timeout=JOB_TIMEOUT, fault=fault, delay=case.get("commit_delay", DEFAULT_DELAY))
     # as a worker's unit runs it: libpq's environment of conftest.ENVIRONMENT
     return [int(code) for code in docker(*client.argv("/bin/sh", ["-c", script], {}, None)).stdout.split()]
 
@@ -74,7 +80,8 @@ def run_case(client, case):
         wanted = ending(step, max_attempts, 1 if case["fault"] else 0)
         assert state == wanted or (wanted == "either" and state in ("done", "dead")), (step, row)
         # The job whose work dropped its batch's session went on, and ran once more in a later batch.
-        again = 1 if fault.get("kind") == "drop" and fault["index"] == index else 0
+        # So did a job whose outcome was held to commit with others' when the fault struck.
+        again = 1 if (fault.get("kind") == "drop" and fault["index"] == index) or index in fault.get("held", ()) else 0
         if state == "done":
             assert results == "1", (step, row)
             assert runs.count(str(index)) - 1 in range(again + 1), (step, runs)
@@ -85,12 +92,17 @@ def run_case(client, case):
 
 
 def check_fault(client, queue, case, rows):
-    """What the fault's job saw: every job whose work ran by then was done by then, and is done still,
-    by the same batch, after the same attempts. {} without a fault."""
+    """What the fault's job saw: every job done by then is done still, by the same batch, after the
+    same attempts. Every job whose work ran by then was done by then, but for the outcomes held to
+    commit together (fault["held"]: each may run once more). {} without a fault."""
     if not case["fault"]:
         return {}
     fault = json.loads(client.shell("cat /tmp/%s/fault.json" % queue))
-    assert fault["runs"] == [index for index, _by, _attempts in fault["done"]], fault
+    done = [index for index, _by, _attempts in fault["done"]]
+    fault["held"] = sorted(set(fault["runs"]) - set(done))
+    assert set(done) <= set(fault["runs"]) and len(done) == len(set(done)), fault
+    if case.get("commit_delay", DEFAULT_DELAY) == 0:
+        assert fault["held"] == [], fault
     for index, done_by, attempts in fault["done"]:
         state, now_attempts, _chars, results, now_by = rows[index].split("|")
         assert (state, int(now_attempts), results, now_by) == ("done", attempts, "1", done_by), (fault, rows[index])
@@ -114,11 +126,14 @@ def test_every_job_is_done_once_or_dead_after_max_attempts(client):
     # Found by hypothesis in CI: a job that failed with no backoff was not "more work waiting"
     # (the check compared with the batch's start), and the drain ended with it queued.
     @example({"jobs": [("ok",), ("flaky", 2)], "limit": 3, "max_attempts": 2, "fault": None})
-    # A batch killed, and a batch whose session is dropped, at its third job: the two before stay done.
+    # A batch killed, and a batch whose session is dropped, at its third job: the two before stay done
+    # (each outcome at once), or those whose outcome committed stay done (held to commit together).
     @example({"jobs": [("ok",), ("flaky", 1), ("ok",), ("ok",)], "limit": 4, "max_attempts": 1,
-              "fault": ("kill", 3)})
+              "fault": ("kill", 3), "commit_delay": 0.0})
     @example({"jobs": [("ok",), ("ok",), ("ok",), ("segv",)], "limit": 4, "max_attempts": 1,
-              "fault": ("drop", 3)})
+              "fault": ("drop", 3), "commit_delay": 0.0})
+    @example({"jobs": [("ok",), ("ok",), ("ok",), ("ok",)], "limit": 4, "max_attempts": 1,
+              "fault": ("kill", 3), "commit_delay": DEFAULT_DELAY})
     def run(case):
         run_case(client, case)
 

@@ -580,3 +580,77 @@ def test_a_job_id_that_is_not_printable_stays_on_one_line_of_stderr(capsys):
 
 def crash_always(job):
     raise ValueError("no")
+
+
+class HoldsOutcomes(MemoryBackend):
+    """A store that holds done outcomes back (hold_seconds) and writes them together, as the
+    PostgreSQL consumer does. It refuses the result of each payload in refuse; with lost, its
+    connection is lost at the first write."""
+    hold_seconds = 0.05
+
+    def __init__(self, payloads, refuse=(), lost=False):
+        super().__init__(payloads)
+        self.held = []
+        self.refuse = set(refuse)
+        self.lost = lost
+        self.writes = []  # (when, the job ids written together)
+
+    def done(self, job, result):
+        self._claimed(job)
+        self.held.append((job, result, time.monotonic()))
+
+    def start(self, job):
+        self.calls.append("start %s" % job.id)
+
+    def flush(self, everything):
+        if not self.held or not (everything or time.monotonic() - self.held[0][2] >= self.hold_seconds):
+            return []
+        if self.lost:
+            self.held.clear()
+            raise batchq_queue.QueueError("server closed the connection unexpectedly")
+        written, self.held = self.held, []
+        self.writes.append((time.monotonic(), [job.id for job, _result, _when in written]))
+        for job, result, _when in written:
+            if job.payload not in self.refuse:
+                super().done(job, result)
+        return [(job, "no %s here" % job.payload if job.payload in self.refuse else None)
+                for job, _result, _when in written]
+
+
+def test_held_outcomes_are_written_together_each_once_and_all_by_the_batchs_end():
+    backend = HoldsOutcomes(["a", "b", "c", "d", "e", "f"])
+    assert run(backend, ok) == 0
+    assert states(backend) == ["done"] * 6
+    assert sorted(job for _when, jobs in backend.writes for job in jobs) == list(range(6))
+    assert len(backend.writes) < 6  # at least two outcomes shared a write
+
+
+def test_a_held_outcome_is_written_while_the_next_job_works():
+    # A job of 0.8 s after a quick one: the quick one's outcome is written within hold_seconds of its
+    # end (the batch wakes that often), not after the long job.
+    backend = HoldsOutcomes(["quick", "slow"])
+    assert run(backend, lambda job: time.sleep(0.8 if job.payload == "slow" else 0)) == 0
+    (first, first_jobs), (second, second_jobs) = backend.writes
+    assert (first_jobs, second_jobs) == ([0], [1]) and second - first >= 0.5, backend.writes
+
+
+def test_a_result_refused_when_held_outcomes_are_written_fails_that_job_alone(capsys):
+    backend = HoldsOutcomes(["a", "b", "c"], refuse={"b"})
+    assert run(backend, ok, max_attempts=2, backoff_min=30.0, backoff_max=30.0) == 0
+    assert states(backend) == ["done", "ready", "done"]
+    assert backend.jobs[1]["error"] == "its result was refused: no b here" and backend.jobs[1]["results"] == []
+    assert backend.jobs[1]["due"] - backend.now() >= 15.0  # the backoff's lower half, as for any failure
+    assert "job 1 attempt 1 failed: its result was refused: no b here" in capsys.readouterr().err
+    # A batch whose only job's result is refused did nothing: exit 1, not a success.
+    backend = HoldsOutcomes(["b"], refuse={"b"})
+    assert run(backend, ok, max_attempts=1) == 1 and states(backend) == ["dead"]
+
+
+def test_held_outcomes_lost_with_the_queue_are_not_counted_done_and_no_job_starts(capsys):
+    backend = HoldsOutcomes(["a", "b", "c"], lost=True)
+    assert run(backend, lambda job: time.sleep(0.2)) == 1
+    assert [call for call in backend.calls if call.startswith("start")] == ["start 0", "start 1"]
+    # the first is unknown to the queue (taken back later); the second, stopped at work, and the third go back
+    assert states(backend) == ["claimed", "ready", "ready"]
+    err = capsys.readouterr().err
+    assert "the queue failed: flush: server closed the connection unexpectedly" in err and '"done": 0' in err
