@@ -21,7 +21,7 @@ def inline_workers(library):
             self.process = process
             self.jobs = jobs
 
-        def run(self, index, _timeout, keep_alive):
+        def run(self, index, _timeout, keep_alive, _heartbeat=None):
             kind, text = library._report(self.process, self.jobs[index])  # pylint: disable=protected-access
             keep_alive()
             return kind, text

@@ -2,7 +2,7 @@
 against the same work in the batch's own process.
 
 Usage: make queues images && .cache/queues-venv/bin/python benchmarks/queues.py \\
-           [--jobs N] [--rounds R] [--work-ms MS] [BACKEND ...]
+           [--jobs N] [--rounds R] [--work-ms MS] [--loop] [--commit-delay S] [BACKEND ...]
 BACKEND: spool, sqs, postgresql (default: all three). Defaults: 2000 jobs,
 3 rounds, 1 ms of work a job (the stand-in's sleep). About 4 minutes on 2 cores.
 
@@ -18,8 +18,15 @@ exits 0; then it checks that every job was done. The spool works in a
 temporary folder, SQS on a moto server on 127.0.0.1, PostgreSQL in the
 containers of tests/pgqueue (Debian 12's server, a Debian 13 client with
 psycopg 3), where the drain's loop runs inside the client.
+With --loop (PostgreSQL only), a drain is one `batchq-pgqueue --loop` process,
+batch after batch on one connection: no batch pays a new process, its imports
+and a connection, and what is left is what each job costs. --commit-delay
+(PostgreSQL only) is passed on to batchq-pgqueue (its default: 0.05 s).
 Prints one line a backend and mode (the median of the rounds' seconds, and
-jobs/s), then the worker's jobs/s as a share of the inline one's.
+jobs/s), then the worker's jobs/s as a share of the inline one's. For
+PostgreSQL, also the CPU each job cost the client's container (the batches,
+their workers, the drain's loop) and the server's, from their cgroups (the
+median of the rounds).
 """
 
 import argparse
@@ -41,6 +48,23 @@ EXAMPLES = os.path.join(TOP, "examples")
 INLINE = os.path.join(TOP, "benchmarks", "queue_inline.py")
 PYTHON = sys.executable
 BACKLOG = 75
+
+
+def container_cpu(name):
+    """The CPU time (ns) the container name has used, from its cgroup: v1 (cgroupfs) or v2 (systemd's
+    scopes); None where neither is found."""
+    ident = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name], check=True, stdout=subprocess.PIPE,
+                           text=True).stdout.strip()
+    try:
+        with open("/sys/fs/cgroup/cpuacct/docker/%s/cpuacct.usage" % ident, encoding="ascii") as usage:
+            return int(usage.read())
+    except FileNotFoundError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/system.slice/docker-%s.scope/cpu.stat" % ident, encoding="ascii") as stat:
+            return next(int(line.split()[1]) * 1000 for line in stat if line.startswith("usage_usec "))
+    except FileNotFoundError:
+        return None
 
 
 def drain(argv, inline):
@@ -156,17 +180,20 @@ class PostgreSQL:
     """The server and a psycopg 3 client of tests/pgqueue/conftest.py, in containers."""
     name = "postgresql"
 
-    def __init__(self, _work, jobs, work_ms):
+    def __init__(self, _work, jobs, work_ms, options=()):
         spec = importlib.util.spec_from_file_location("pgqueue", os.path.join(TOP, "tests", "pgqueue", "conftest.py"))
         self.pg = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.pg)
         self.jobs = jobs
         self.work_ms = work_ms
+        self.options = list(options)  # batchq-pgqueue's own: --loop, --commit-delay
         self.fleet = self.pg.pgqueue_fleet()
         self.fleet.__enter__()  # pylint: disable=unnecessary-dunder-call  # closed in close()
         self.client = self.pg.Client("psycopg3")
         self.pg.docker("cp", INLINE, "%s:/usr/local/bin/queue_inline.py" % self.client.name)
         self.round = 0
+        # per mode, each round's CPU a job in microseconds: (the client's container, the server's)
+        self.cpu = {False: [], True: []}
 
     def fill(self):
         self.round += 1
@@ -179,11 +206,16 @@ class PostgreSQL:
         argv = ["/usr/local/bin/queue_inline.py", program] if inline else [program]
         loop = 'while :; do "$@" >/dev/null 2>/tmp/drain.err; c=$?; [ $c = %d ] || break; done; ' \
                '[ $c = 0 ] || { tail -5 /tmp/drain.err; exit $c; }' % BACKLOG
+        containers = (self.client.name, self.pg.DATABASE)
+        before = [container_cpu(name) for name in containers]
         started = time.monotonic()
         shell = ["-c", loop, "drain", "python3", *argv, "--queue", "r%d" % self.round, "--limit", "100",
-                 "--work-ms", str(self.work_ms)]
+                 "--work-ms", str(self.work_ms), *self.options]
         done = self.pg.docker(*self.client.argv("/bin/sh", shell, {}, "/tmp"), check=False, timeout=600)
         seconds = time.monotonic() - started
+        after = [container_cpu(name) for name in containers]
+        if None not in before + after:
+            self.cpu[inline].append(tuple((end - begin) / 1000.0 / self.jobs for begin, end in zip(before, after)))
         if done.returncode:
             sys.exit("queues.py: the PostgreSQL drain exited %d: %s" % (done.returncode, done.stdout))
         states = self.pg.states("r%d" % self.round)
@@ -203,18 +235,24 @@ def main():
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work-ms", type=float, default=1.0)
+    parser.add_argument("--loop", action="store_true", help="PostgreSQL only: one batchq-pgqueue --loop a drain")
+    parser.add_argument("--commit-delay", help="PostgreSQL only: batchq-pgqueue's --commit-delay")
     parser.add_argument("backends", nargs="*", metavar="BACKEND", help="spool, sqs or postgresql (default: all)")
     args = parser.parse_args()
     unknown = set(args.backends) - set(BACKENDS)
     if unknown:
         parser.error("no such backend: %s" % ", ".join(sorted(unknown)))
     args.backends = args.backends or sorted(BACKENDS)
-    print("jobs %d, %g ms of work each, %d rounds, --limit 100" % (args.jobs, args.work_ms, args.rounds))
+    options = (["--loop"] if args.loop else []) + (["--commit-delay", args.commit_delay] if args.commit_delay else [])
+    if options and args.backends != ["postgresql"]:
+        parser.error("--loop, --commit-delay: PostgreSQL only (give the backend postgresql)")
+    print("jobs %d, %g ms of work each, %d rounds, --limit 100 %s" % (args.jobs, args.work_ms, args.rounds,
+                                                                      " ".join(options)))
     for name in args.backends:
         work = tempfile.mkdtemp(prefix="batchq-queues-")
         backend = None
         try:
-            backend = BACKENDS[name](work, args.jobs, args.work_ms)
+            backend = BACKENDS[name](work, args.jobs, args.work_ms, **({"options": options} if options else {}))
             seconds = {False: [], True: []}
             for number in range(args.rounds):
                 for inline in ((False, True) if number % 2 == 0 else (True, False)):
@@ -227,6 +265,11 @@ def main():
                 print("%-10s %-6s %7.2f s  %7.1f jobs/s  (rounds: %s)" % (
                     name, label, median, rates[inline], ", ".join("%.2f" % s for s in seconds[inline])))
             print("%-10s worker/inline %.3f" % (name, rates[False] / rates[True]))
+            for inline, label in ((False, "worker"), (True, "inline")):
+                rounds = getattr(backend, "cpu", {}).get(inline)
+                if rounds:
+                    print("%-10s %-6s CPU a job: client %.0f us, server %.0f us" % (
+                        name, label, statistics.median(c for c, _s in rounds), statistics.median(s for _c, s in rounds)))
         finally:
             if backend is not None:
                 backend.close()

@@ -20,8 +20,8 @@ A batch works on one connection, in short transactions of their own:
    or 'queued' again after a backoff, or 'dead'. The session is in
    autocommit, so that statement is a transaction of its own: one round
    trip, no BEGIN nor COMMIT. A done job's outcome waits at most
-   --commit-delay (0.05 s) to commit in the same statement as those of the
-   jobs that end meanwhile: small jobs then cost a statement every 50 ms,
+   --commit-delay (0.2 s) to commit in the same statement as those of the
+   jobs that end meanwhile: small jobs then cost a statement every 0.2 s,
    not one each. A batch killed keeps every job whose outcome committed,
    and charges it nothing more. A job that ended less than --commit-delay
    before the kill runs again, as the job at work does. With
@@ -311,7 +311,7 @@ def add_options(parser):
                         help="days a done job is kept before a batch deletes it, with its result (0: for ever)")
     parser.add_argument("--backoff-base", type=float,
                         help="the old spelling: the least wait after a first failure; --backoff-min twice that")
-    parser.add_argument("--commit-delay", type=float, default=0.05,
+    parser.add_argument("--commit-delay", type=float, default=0.2,
                         help="seconds a done job's outcome may wait, to commit with those of the jobs that end "
                              "meanwhile (0: each at once)")
     parser.add_argument("--loop", action="store_true",
@@ -370,7 +370,8 @@ class PgBackend(batchq_queue.Backend):
                 self.conn.cancel()
 
     def claim(self, limit):
-        self.counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "left": 0}
+        # unknown: the outcomes whose statement got no answer, as the session was lost
+        self.counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "left": 0, "unknown": 0}
         self.broken = None
         if batchq_queue.TERM["asked"]:
             return []  # stopped before the claim: nothing to roll back
@@ -495,6 +496,7 @@ class PgBackend(batchq_queue.Backend):
                 with self.conn.cursor() as cursor:
                     cursor.execute("SELECT 1")
             except psycopg.Error:
+                self.counts["unknown"] = len(jobs)  # the server may have committed them, its answer lost
                 raise self._gone("the outcome of job %s" % shown_ids, exc) from exc
             return clean_text(str(exc).strip())
         self.spoke = time.monotonic()

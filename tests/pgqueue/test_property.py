@@ -31,7 +31,7 @@ plan = property_model.plan(kinds=property_model.KINDS + (property_model.ODD_RESU
                            max_jobs=5, faults=("kill", "drop"))
 # --commit-delay: each outcome at once (0), or done jobs' outcomes held to commit together (the default).
 # A case without it has the default.
-DEFAULT_DELAY = 0.05
+DEFAULT_DELAY = 0.2
 plan = st.builds(lambda case, delay: dict(case, commit_delay=delay), plan, st.sampled_from([0.0, DEFAULT_DELAY]))
 
 
