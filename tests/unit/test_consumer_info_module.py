@@ -21,17 +21,44 @@ class Exit(Exception):
     pass
 
 
+def recorded_systemctl(argv):
+    """What the recorded Debian 12 host (FIXTURES) answers to systemctl argv: its consumers' unit
+    files, no unit running, their properties."""
+    if argv[1] == "list-unit-files":
+        return 0, (FIXTURES / "units.txt").read_text(), ""
+    if argv[1] == "list-units":
+        return 0, "", ""
+    name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
+    return 0, (FIXTURES / name).read_text(), ""
+
+
+def run_main(monkeypatch, module_args, run_command):
+    """consumer_info's main() with no options, on a host that answers run_command(self, argv):
+    how it ended, [(exit_json or fail_json, called from the main thread, its result)]."""
+    ends = []
+
+    def ending(kind):
+        def end(self, **result):
+            ends.append((kind, threading.current_thread() is threading.main_thread(), result))
+            raise Exit()
+        return end
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", ending("exit_json"))
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", ending("fail_json"))
+    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
+    with module_args({}), pytest.raises(Exit):
+        consumer_info.main()
+    return ends
+
+
 def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkeypatch, module_args):
     calls = []
 
     def run_command(self, argv, **kwargs):
-        if argv[1] == "list-unit-files":
-            return 0, (FIXTURES / "units.txt").read_text(), ""
-        if argv[1] == "list-units":
-            return 0, "", ""
-        if argv[1] == "show":
-            name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
-            return 0, (FIXTURES / name).read_text(), ""
+        if argv[1] in ("list-unit-files", "list-units", "show"):
+            return recorded_systemctl(argv)
         units = [arg for arg in argv if arg.startswith("UNIT=")]
         if len(units) > 1:
             limit = int(next(arg for arg in argv if arg.startswith("--lines="))[len("--lines="):])
@@ -42,20 +69,11 @@ def test_a_failed_journal_read_fails_the_module_once_from_the_main_thread(monkey
             return 1, "", "Failed to open journal"
         return 0, "", ""
 
-    def fail_json(self, **result):
-        calls.append((threading.current_thread() is threading.main_thread(), result))
-        raise Exit()
-
-    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
-    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
-    with module_args({}), pytest.raises(Exit):
-        consumer_info.main()
-    assert calls[0] == ("hung read alone", False), calls
-    assert len(calls) == 2, calls
-    in_main_thread, result = calls[1]
-    assert in_main_thread
+    ends = run_main(monkeypatch, module_args, run_command)
+    assert calls == [("hung read alone", False)], calls
+    assert len(ends) == 1, ends
+    kind, in_main_thread, result = ends[0]
+    assert kind == "fail_json" and in_main_thread
     assert result["msg"].startswith("hung: ") and "Failed to open journal" in result["msg"], json.dumps(result)
 
 
@@ -112,30 +130,17 @@ def test_every_last_run_gets_its_own_log_from_the_shared_read(monkeypatch, modul
     log_reads = []  # the journal reads that asked for the output of runs
 
     def run_command(self, argv, **kwargs):
-        if argv[1] == "list-unit-files":
-            return 0, (FIXTURES / "units.txt").read_text(), ""
-        if argv[1] == "list-units":
-            return 0, "", ""
-        if argv[1] == "show":
-            name = "show-services.txt" if argv[-1].endswith(".service") else "show-timers.txt"
-            return 0, (FIXTURES / name).read_text(), ""
+        if argv[1] in ("list-unit-files", "list-units", "show"):
+            return recorded_systemctl(argv)
         invocations = [arg.split("=", 1)[1] for arg in argv if arg.startswith("_SYSTEMD_INVOCATION_ID=")]
         if invocations:
             log_reads.append(invocations)
         lines = [json.dumps({"_SYSTEMD_INVOCATION_ID": one, "MESSAGE": "output of " + one}) for one in invocations]
         return 0, "".join(line + "\n" for line in lines), ""
 
-    def exit_json(self, **result):
-        reports.update(result["consumers"])
-        raise Exit()
-
-    reports = {}
-    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
-    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
-    with module_args({}), pytest.raises(Exit):
-        consumer_info.main()
+    (kind, _main_thread, result), = run_main(monkeypatch, module_args, run_command)
+    assert kind == "exit_json", result
+    reports = result["consumers"]
     last_runs = [report["last_run"] for report in reports.values()
                  if report["last_run"] and report["last_run"]["invocation_id"]]
     assert last_runs
@@ -164,33 +169,14 @@ def test_a_host_without_consumers_reports_none_though_its_systemd_says_so_with_e
             return 0, "", ""
         raise AssertionError("nothing else to ask of a host without consumers: %s" % argv)
 
-    def exit_json(self, **result):
-        reports.append(result)
-        raise Exit()
-
-    reports = []
-    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
-    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
-    with module_args({}), pytest.raises(Exit):
-        consumer_info.main()
-    assert reports[0]["consumers"] == {}
+    (kind, _main_thread, report), = run_main(monkeypatch, module_args, run_command)
+    assert kind == "exit_json", report
+    assert report["consumers"] == {}
 
 
 def test_a_listing_that_fails_with_words_still_fails_the_module(monkeypatch, module_args):
     def run_command(self, argv, **kwargs):
         return (1, "", "Failed to connect to bus") if argv[1] == "list-unit-files" else (0, "", "")
 
-    def fail_json(self, **result):
-        failures.append(result["msg"])
-        raise Exit()
-
-    failures = []
-    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
-    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/bin/" + name)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    monkeypatch.setattr(consumer_info, "journal_refusal", lambda: None)
-    with module_args({}), pytest.raises(Exit):
-        consumer_info.main()
-    assert "Failed to connect to bus" in failures[0], failures
+    (kind, _main_thread, result), = run_main(monkeypatch, module_args, run_command)
+    assert kind == "fail_json" and "Failed to connect to bus" in result["msg"], result
