@@ -562,8 +562,16 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
     # A FIFO group whose job failed holds the rest of its jobs in this batch: they go back unstarted.
     blocked = set()
 
-    # The jobs done() took whose outcome the backend still holds (hold_seconds): not yet known written.
+    # The jobs whose outcome the backend holds (hold_seconds): not yet known written. A job counts
+    # as done once its outcome is written.
     unsettled = []
+
+    def took(job):
+        """done() returned: the job's outcome is written, or held by the backend."""
+        if backend.hold_seconds > 0:
+            unsettled.append(job)
+        else:
+            counts["done"] += 1
 
     def settle(everything):
         """The outcomes the backend held and wrote now; a result it refused fails its job."""
@@ -575,13 +583,13 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
             error = "flush: %s" % clean_text(str(exc))
             if error not in errors:
                 errors.append(error)
-            counts["done"] -= len(unsettled)  # a job counts as done once its outcome is written
-            unsettled.clear()
+            unsettled.clear()  # whether they were written is unknown
             return
         for job, refusal in written:
             unsettled.remove(job)
-            if refusal is not None:
-                counts["done"] -= 1
+            if refusal is None:
+                counts["done"] += 1
+            else:
                 fail(job, "its result was refused: %s" % clean_text(refusal))
 
     def keep_alive():
@@ -638,8 +646,7 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
                 continue
             if stored:
                 if outcome(backend.done, job, None):
-                    counts["done"] += 1
-                    unsettled.append(job)
+                    took(job)
             elif job.attempts > args.max_attempts:
                 # Its earlier attempts' batches died before they could tell.
                 outcome(backend.dead, job, "its attempts ran out (%d of %d) in batches that died"
@@ -650,16 +657,15 @@ def run_batch(backend, process, args, clock=time.monotonic, uniform=random.unifo
                 continue
             else:
                 # While the backend holds outcomes, the batch wakes often enough to write them in time.
-                heartbeat = min(HEARTBEAT, backend.hold_seconds) if unsettled else HEARTBEAT
-                kind, text = workers.run(index, args.job_timeout, keep_alive, heartbeat)
+                kind, text = workers.run(index, args.job_timeout, keep_alive,
+                                         backend.hold_seconds if unsettled else None)
                 if kind == "stopped":
                     unstarted.append(job)  # released as if not started: no failure is charged
                     continue
                 if kind == "done":
                     try:
                         if outcome(backend.done, job, text):
-                            counts["done"] += 1
-                            unsettled.append(job)
+                            took(job)
                     except Refused as exc:
                         kind, text = "failed", "its result was refused: %s" % clean_text(str(exc))
                 if kind == "failed":
