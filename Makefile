@@ -17,7 +17,7 @@ QUEUES_VENV ?= $(CACHE)/queues-venv
 DEBIAN11_VENV ?= $(CACHE)/queues-debian11-venv
 # galaxy-importer and ansible-builder (requirements/release.txt) in a venv of their own.
 RELEASE_VENV ?= $(CACHE)/release-venv
-SCENARIOS ?= default info faults drain fleet
+SCENARIOS ?= default info faults drain fleet capacity
 # The controller for ansible-core 2.20 and later, which need Python 3.12+.
 CONTROLLER_IMAGE ?= batchq/controller:trixie
 

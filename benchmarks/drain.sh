@@ -160,7 +160,7 @@ run_distro() {
   docker exec -i "$host" sh -c "cat >${wrapper%/*}/bench-w.json" <<'JSON'
 {"spec_version": 1, "consumer": "bench-w", "services": ["bench-w.service"], "backlog_exit_code": 75,
  "timeout_usec": 0, "stop_timeout_usec": 0, "interval_usec": 1000000, "preload": [], "metrics_folder": null,
- "hooks": null, "hook_credentials": null}
+ "hooks": null, "hook_credentials": null, "running_max": null}
 JSON
   # Let the first, empty runs of the bench-* consumers pass.
   sleep 2

@@ -34,7 +34,7 @@ folder = "/var/lib/prometheus/node-exporter/batchq-bench.d"
 # the runtime spec the role writes for such a consumer (module_utils/consumer_runtime.py)
 spec = {"spec_version": 1, "consumer": "bench", "services": ["batchq-bench.service"], "backlog_exit_code": None,
         "timeout_usec": 3600000000, "stop_timeout_usec": 30000000, "interval_usec": 60000000, "preload": [],
-        "metrics_folder": folder, "hooks": None, "hook_credentials": None}
+        "metrics_folder": folder, "hooks": None, "hook_credentials": None, "running_max": None}
 os.makedirs("/usr/local/lib/batchq/specs", exist_ok=True)
 with open("/usr/local/lib/batchq/specs/batchq-bench.json", "w", encoding="utf-8") as handle:
     json.dump(spec, handle)

@@ -23,6 +23,11 @@ AFTER_RUN = "/usr/local/lib/batchq/batchq_after_run.py"
 HOOKS_STATE_DIR = "/var/lib/batchq-hooks"
 # OnSuccess= of such a consumer: its drain goes on after a deploy (templates/consumer.continue.j2).
 CONTINUE_UNIT = "batchq.continue@.service"
+# The slice of every consumer unit of the host, whatever its prefix: the host's budget (consumer_budget).
+SLICE_UNIT = "batchq.slice"
+# Waits for a slot of that budget on systemd before 258, and reports each wait
+# (roles/consumer/files/batchq_slots.py).
+SLOTS = "/usr/local/lib/batchq/batchq_slots.py"
 
 # A consumer's units: <prefix><name>.service/.timer, or with instances the
 # templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*

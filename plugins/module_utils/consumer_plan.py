@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_budget import host_budget, slice_settings
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import differs, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT, SLICE_UNIT
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runtime import (
     SPEC_FOLDER,
+    running_max,
     runtime_specs,
     spec_files,
     stale_specs,
@@ -41,10 +43,13 @@ DOT_PART_RE = re.compile(r"/\.\.?(/|$)")
 # The helpers a consumer needs on the host, copied from the role's files.
 DRAIN_HELPERS = ("batchq-drain", "batchq_cpython.py", "batchq_journal.py", "batchq_main.py", "batchq_preload.py", "batchq_reseed.py", "batchq_supervise.py")
 AFTER_RUN_HELPERS = ("batchq_metrics.py", "batchq_after_run.py")
+# The slots of the host's budget (consumer_budget.running_max), which report
+# each wait in the journal and the metrics.
+SLOT_HELPERS = ("batchq_slots.py", "batchq_journal.py", "batchq_metrics.py")
 # What every helper imports: the run protocol (a link in the role's files to
 # module_utils/consumer_protocol.py, which consumer_info imports too).
 SHARED_HELPERS = ("consumer_protocol.py",)
-HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS + SHARED_HELPERS
+HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS + ("batchq_slots.py",) + SHARED_HELPERS
 
 
 def _unique(values):
@@ -100,6 +105,7 @@ def problems(units, answers, systemd, pythons, settings, host):
     metrics_dir = metrics_dir_problem(settings["metrics_dir"])
     if metrics_dir:
         found.append(metrics_dir)
+    found += host_budget(settings.get("budget"))[1]
     found += pythons["problems"]
     for unit in units:
         for field, value in sorted(unit["spans"].items()):
@@ -154,17 +160,20 @@ def timer_starts(units):
             for unit in units if unit["state"] == "present" for timer in unit["timers"]]
 
 
-def helper_files(units, metrics, helper_dir):
+def helper_files(units, settings):
     """The helper programs the consumers need, and their folder; none when no
     consumer needs one. Each names its source in the role's files: the
     controller reads it as it lays the files out (consumer_file_texts)."""
     kept = installed(units)
     names = list(DRAIN_HELPERS) if any(unit["backlog_exit_code"] for unit in kept) else []
-    if kept and (metrics or any(unit["hooks"] for unit in kept)):
+    if kept and (settings["metrics"] or any(unit["hooks"] for unit in kept)):
         names += AFTER_RUN_HELPERS
+    if kept and running_max(settings) is not None:
+        names += SLOT_HELPERS
     if not names:
         return []
-    names += SHARED_HELPERS
+    names = _unique(names + list(SHARED_HELPERS))
+    helper_dir = settings["helper_dir"]
     root = {"owner": "root", "group": "root", "mode": "0755"}
     return [dict(root, path=helper_dir, state="directory")] + [
         dict(root, path="%s/%s" % (helper_dir, name), source=name) for name in names]
@@ -181,7 +190,7 @@ def wanted_files(units, settings, encrypted=False):
     kept = installed(units)
     metrics = settings["metrics"]
     folder = [{"path": settings["metrics_dir"], "state": "directory", "mode": "a+rx"}] if metrics and kept else []
-    return (helper_files(units, metrics, settings["helper_dir"])
+    return (helper_files(units, settings)
             + spec_files(runtime_specs(kept, settings, encrypted), settings["helper_dir"]) + folder
             + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics))
 
@@ -237,12 +246,13 @@ def timers_to_switch(start, stop, states):
 
 def owned_stale_units(stale, kept, prefix):
     """The unit files of stale (consumer_preflight's stale_units) that are the
-    units of consumers that stay, or the drains' continuation unit: those the
+    units of consumers that stay, the drains' continuation unit or the slice
+    of the host's budget: those the
     role has systemd load. A unit of the prefix the list does not name is
     someone else's (without consumer_exclusive), and its drain runs on."""
     owned = {prefix + unit["name"] for unit in kept}
     return [name for name in stale
-            if name == CONTINUE_UNIT or re.sub(r"(@[^.]*)?\.[a-z]+\Z", "", name) in owned]
+            if name in (CONTINUE_UNIT, SLICE_UNIT) or re.sub(r"(@[^.]*)?\.[a-z]+\Z", "", name) in owned]
 
 
 def with_texts(files, read):
@@ -299,6 +309,7 @@ def plan(units, answers, settings, host="this host", sources=None):
     SHA-256 of each helper's text ({name: digest}), to compare with the host's.
     """
     kept = installed(units)
+    budget = host_budget(settings.get("budget"))[0]
     systemd = systemd_support(answers["systemctl_version"], host)
     encrypted = systemd["features"]["credentials_encrypted"]
     pythons = preload_pythons(kept, answers["first_lines"], host)
@@ -319,6 +330,9 @@ def plan(units, answers, settings, host="this host", sources=None):
         "pythons": pythons["pythons"],
         # {name: {path, spec, after_run}}: what the units pass the host-side programs
         "runtime": runtime_specs(kept, settings, encrypted),
+        # the host's budget, and the [Slice] settings of batchq.slice, which holds every consumer unit
+        "budget": budget,
+        "slice": slice_settings(budget, systemd["features"]["slice_concurrency"]),
         "problems": problems(units, answers, systemd, pythons, settings, host),
         "account": account_plan(units, answers, settings["account"]),
         "reshaped": reshaped,

@@ -22,9 +22,11 @@ The metrics need a number: 128+N for signal N, as a shell says it.
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 import signal
+import time
 
 __metaclass__ = type
 
@@ -126,6 +128,37 @@ def parse_status_text(text):
             "duration_s": round(float(match.group("duration")), 3)}
 
 
+# MESSAGE_ID of the record of a start that waited for a slot of the host's
+# budget (consumer_budget.running_max), with the wait in BATCHQ_SLOT_WAIT_USEC.
+SLOT_WAIT = "8a6b1f0c2d9e4b7a9c3e5f1a2b4c6d80"
+# The StatusText of a unit that waits for a slot (systemd before 258, where
+# the unit itself waits): "waiting for a slot since 2026-12-07 10:04:05 UTC, 2 of 2 taken".
+SLOT_STATUS_TEXT = "waiting for a slot since %s, %d of %d taken"
+_SLOT_STATUS_TEXT_RE = re.compile(
+    r"waiting for a slot since (?P<since>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC, (?P<taken>\d+) of (?P<slots>\d+) taken")
+
+
+def slot_status_text(since, taken, slots):
+    """The StatusText of a unit that waits for a slot since `since` (time.time())."""
+    return SLOT_STATUS_TEXT % (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since)), taken, slots)
+
+
+def parse_slot_status(text):
+    """since (seconds since the epoch), taken and slots of a StatusText of
+    slot_status_text(); None for any other text."""
+    match = _SLOT_STATUS_TEXT_RE.fullmatch((text or "").strip())
+    if not match:
+        return None
+    since = calendar.timegm(time.strptime(match.group("since"), "%Y-%m-%d %H:%M:%S"))
+    return {"since": since, "taken": int(match.group("taken")), "slots": int(match.group("slots"))}
+
+
+def slot_wait_fields(seconds):
+    """The journal fields of the record of a start that waited `seconds` for a slot."""
+    return {"MESSAGE": "waited %.3fs for a slot of the host's budget" % seconds, "MESSAGE_ID": SLOT_WAIT,
+            "PRIORITY": 6, "BATCHQ_SLOT_WAIT_USEC": int(seconds * 1e6), "SYSLOG_IDENTIFIER": "batchq-slots"}
+
+
 def batch_end_fields(number, result, status, started, ended, identifier):
     """The journal fields of the runner's record at a batch's end. started and
     ended are time.time() values; identifier is the SYSLOG_IDENTIFIER of the
@@ -167,7 +200,7 @@ SPEC_VERSION = 1
 SPEC_FIELDS = {
     "consumer": str, "services": list, "backlog_exit_code": (int, type(None)), "timeout_usec": int,
     "stop_timeout_usec": int, "interval_usec": int, "preload": list, "metrics_folder": (str, type(None)),
-    "hooks": (dict, type(None)), "hook_credentials": (dict, type(None)),
+    "hooks": (dict, type(None)), "hook_credentials": (dict, type(None)), "running_max": (int, type(None)),
 }
 
 

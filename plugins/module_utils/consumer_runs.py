@@ -28,9 +28,13 @@ UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 UNIT_SUCCEEDED = "7ad2d189f7e94e70a38c781354912448"
 RUN_MESSAGES = (JOB_STARTED, JOB_DONE, JOB_FAILED, PROCESS_EXITED, UNIT_FAILED, UNIT_SUCCEEDED)
 
-SERVICE_PROPERTIES = ("Id", "LoadState", "ActiveState", "Result", "InvocationID", "ExecMainCode",
+SERVICE_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Job", "Result", "InvocationID", "ExecMainCode",
                       "ExecMainStatus", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
                       "InactiveExitTimestamp", "StateChangeTimestamp", "ExecStart", "ExecMainPID", "StatusText")
+# What the slice of the host's budget says of its running cap (systemd 258 and later).
+SLICE_PROPERTIES = ("ConcurrencySoftMax", "NCurrentlyActive")
+# systemd's "no limit" for ConcurrencySoftMax=: UINT32_MAX
+NO_CONCURRENCY_LIMIT = 4294967295
 TIMER_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "LastTriggerUSec",
                     "NextElapseUSecMonotonic", "NextElapseUSecRealtime")
 
@@ -301,11 +305,33 @@ def summarize(history):
     }
 
 
-def consumer_report(service, timer, journal_runs, log, history, now_realtime, now_monotonic, starter=None):
+def waits_for_slot(service, budget_slice=None):
+    """Whether a start of the service waits for a slot of the host's budget
+    (consumer_budget.running_max). budget_slice: `systemctl show` of batchq.slice.
+
+    Before systemd 258 the unit waits itself, in its start-pre state, and its
+    StatusText says so (consumer_protocol.slot_status_text). From 258 on, its
+    start job waits in systemd's queue while the slice runs as many units as
+    its ConcurrencySoftMax= allows."""
+    if service.get("ActiveState") == "activating" and service.get("SubState") == "start-pre":
+        return protocol.parse_slot_status(service.get("StatusText")) is not None
+    if service.get("ActiveState") not in ("inactive", "failed") or not service.get("Job"):
+        return False
+    try:
+        cap = int((budget_slice or {}).get("ConcurrencySoftMax") or NO_CONCURRENCY_LIMIT)
+        active = int((budget_slice or {}).get("NCurrentlyActive") or 0)
+    except ValueError:
+        return False
+    return cap < NO_CONCURRENCY_LIMIT and active >= cap
+
+
+def consumer_report(service, timer, journal_runs, log, history, now_realtime, now_monotonic, starter=None,
+                    budget_slice=None):
     """One consumer's report and the warnings about it.
 
-    service, timer, starter: `systemctl show` dicts (starter: the transient
-    timer that arms the consumer's timer, see consumer_names.starter_unit);
+    service, timer, starter, budget_slice: `systemctl show` dicts (starter: the
+    transient timer that arms the consumer's timer, see consumer_names.starter_unit;
+    budget_slice: batchq.slice, see waits_for_slot());
     journal_runs: parse_journal_runs() of its service; log: the last run's own
     lines; now_*: the host's clocks in seconds, to turn a monotonic next elapse
     into a wall time.
@@ -314,10 +340,13 @@ def consumer_report(service, timer, journal_runs, log, history, now_realtime, no
     if service.get("LoadState") != "loaded":
         return {"state": "missing", "timer": None, "last_run": None, "running_since": None,
                 "history": [], "summary": summarize([])}, warnings
-    running = service.get("ActiveState") in ("activating", "deactivating", "reloading")
+    slot_wait = waits_for_slot(service, budget_slice)
+    # a run in progress, or one that waits for a slot in its start-pre state
+    active = service.get("ActiveState") in ("activating", "deactivating", "reloading")
+    running = active and not slot_wait
     finished = [r for r in journal_runs if r["finished"] is not None]
     last = None
-    if not running:
+    if not active:
         last, lost = last_run(service, journal_runs)
         if lost:
             warnings.append("the journal has lost run %s of %s; reporting what systemd knows"
@@ -334,7 +363,9 @@ def consumer_report(service, timer, journal_runs, log, history, now_realtime, no
     # until it fires, the consumer's own timer is inactive but on its way.
     starting = not timer_active and (starter or {}).get("ActiveState") == "active"
     enabled = timer.get("UnitFileState") in ("enabled", "enabled-runtime")
-    if running:
+    if slot_wait:
+        state = "waiting-for-slot"  # a start the host's budget holds back: not a failure
+    elif running:
         state = "running"
     elif timer_active or starting:
         state = "failed" if last is not None and last["result"] != "success" else "waiting"

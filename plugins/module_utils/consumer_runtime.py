@@ -4,8 +4,8 @@
 """Each consumer's runtime spec: what the host-side programs need to run it.
 
 The planner makes one spec per consumer that runs a host-side program: the
-drain runner (backlog_exit_code) or the after-run writer (metrics, failure
-hooks). The role installs it as JSON beside those programs, root's and
+drain runner (backlog_exit_code), the after-run writer (metrics, failure
+hooks) or the slots of the host's budget (consumer_budget.running_max). The role installs it as JSON beside those programs, root's and
 readable by all: it never holds a secret, only the paths systemd loads them
 from. The unit files pass its path (--spec) and the unit's name (--unit %n);
 the programs read everything else from it. A change to what they need is a
@@ -17,6 +17,8 @@ The time spans are in microseconds, as systemd counts them; 0 means none.
 from __future__ import annotations
 
 import json
+
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_budget import host_budget
 
 __metaclass__ = type
 
@@ -41,9 +43,16 @@ def runs_after_run(unit, metrics):
     return bool(unit["hooks"]) or (bool(metrics) and not unit["backlog_exit_code"])
 
 
-def has_spec(unit, metrics):
+def running_max(settings):
+    """consumer_budget.running_max of the plan's settings, or None (no cap, or a
+    budget the plan refuses)."""
+    return host_budget(settings.get("budget"))[0]["running_max"]
+
+
+def has_spec(unit, settings):
     """Whether a consumer runs a host-side program, which reads its spec."""
-    return bool(unit["backlog_exit_code"]) or runs_after_run(unit, metrics)
+    return (bool(unit["backlog_exit_code"]) or runs_after_run(unit, settings["metrics"])
+            or running_max(settings) is not None)
 
 
 def runtime_spec(unit, settings, encrypted):
@@ -64,6 +73,8 @@ def runtime_spec(unit, settings, encrypted):
         if settings["metrics"] else None,
         "hooks": unit["hooks"],
         # loaded into each hook's own unit: LoadCredentialEncrypted= or LoadCredential=
+        # the host's cap on the consumer units that run at once (batchq_slots.py)
+        "running_max": running_max(settings),
         "hook_credentials": {
             "encrypted": bool(encrypted),
             "load": ["%s:%s" % (entry["name"], entry["encrypted_path" if encrypted else "path"])
@@ -83,7 +94,7 @@ def runtime_specs(units, settings, encrypted=False):
         unit["name"]: {"path": spec_path(settings["helper_dir"], settings["prefix"], unit["name"]),
                        "spec": runtime_spec(unit, settings, encrypted),
                        "after_run": runs_after_run(unit, settings["metrics"])}
-        for unit in units if unit["state"] != "absent" and has_spec(unit, settings["metrics"])
+        for unit in units if unit["state"] != "absent" and has_spec(unit, settings)
     }
 
 

@@ -28,6 +28,10 @@ FEATURES = {
     # Measured: 247, 252 and 257 cannot, root's units included; 262 can. The
     # versions between were not measured, so they count as unable.
     "credentials_private_run": 262,
+    # ConcurrencySoftMax= of a slice: a start waits in the job queue while the
+    # slice runs that many units. consumer_budget.running_max uses it; below,
+    # each unit waits for a slot itself (batchq_slots.py).
+    "slice_concurrency": 258,
 }
 
 

@@ -105,6 +105,9 @@ consumers:
     state:
       description:
         - C(running) a batch runs now.
+        - C(waiting-for-slot) a start waits for a slot of the host's budget, because as many consumer
+          units run now as the role's C(consumer_budget.running_max) allows. This is not a failure, and
+          the start is not lost. Each wait is counted in the metric C(batchq_consumer_slot_wait_seconds_total).
         - C(waiting) the timer is armed, or the role's starter timer will arm it after C(start_delay)
           (see RV(consumers.timer.next_run)), and the last run, if any, succeeded.
         - C(failed) as C(waiting), but the last run failed.
@@ -116,7 +119,7 @@ consumers:
           timer is about to arm it, so no batch will run until someone starts it.
         - C(missing) named in O(names) but not installed.
       type: str
-      choices: [waiting, running, failed, paused, stopped, missing]
+      choices: [waiting, running, waiting-for-slot, failed, paused, stopped, missing]
       sample: waiting
     timer:
       description: The consumer's timer; null when missing.
@@ -268,10 +271,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import SLICE_UNIT
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_protocol import BATCH_END, BATCH_FIELDS, RUN_START
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
     RUN_MESSAGES,
     SERVICE_PROPERTIES,
+    SLICE_PROPERTIES,
     TIMER_PROPERTIES,
     consumer_report,
     consumer_units,
@@ -485,7 +490,9 @@ def main():
         timers_read = pool.submit(
             host.show, [units[kind] for units in shown for kind in ("timer", "starter") if kind in units],
             TIMER_PROPERTIES)
-        services = host.show([units["service"] for units in shown], SERVICE_PROPERTIES)
+        # batchq.slice in the same call: its running cap (systemd 258 and later) tells a start that waits for a slot
+        services = host.show([units["service"] for units in shown] + ([SLICE_UNIT] if shown else []),
+                             SERVICE_PROPERTIES + SLICE_PROPERTIES)
         now_realtime, now_monotonic = time.time(), time.monotonic()
         # The runs of all consumers in one journalctl read (up to four side by
         # side for many consumers), the logs of their last runs in one: a
@@ -518,7 +525,7 @@ def main():
             elif units["service"] in journaled:
                 runs = host.runs([units["service"]], params["history"])[units["service"]]
             consumer, said = consumer_report(service, timer, runs, [], params["history"], now_realtime,
-                                             now_monotonic, timers.get(units.get("starter")))
+                                             now_monotonic, timers.get(units.get("starter")), services.get(SLICE_UNIT))
             last = consumer["last_run"]
             batch_lines = None  # the journal matches of a drain's last batch's lines
             if last is not None and last["invocation_id"] and is_drain(service):

@@ -24,7 +24,7 @@ def spec(timeout_s, stop_timeout_s, backlog_exit_code=75):
     return json.dumps({"spec_version": 1, "consumer": "tests", "services": [UNIT],
                        "backlog_exit_code": backlog_exit_code, "timeout_usec": int(timeout_s * 1e6),
                        "stop_timeout_usec": int(stop_timeout_s * 1e6), "interval_usec": 10000000, "preload": [],
-                       "metrics_folder": None, "hooks": None, "hook_credentials": None})
+                       "metrics_folder": None, "hooks": None, "hook_credentials": None, "running_max": None})
 
 
 def arguments(spec_path, command):

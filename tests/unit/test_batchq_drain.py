@@ -34,7 +34,7 @@ def spec(folder, **fields):
     written = {"spec_version": 1, "consumer": "orders", "services": ["batchq-orders@1.service", UNIT],
                "backlog_exit_code": 75, "timeout_usec": 30000000, "stop_timeout_usec": 1000000,
                "interval_usec": 10000000, "preload": [], "metrics_folder": None, "hooks": None,
-               "hook_credentials": None}
+               "hook_credentials": None, "running_max": None}
     written.update(fields)
     path = pathlib.Path(folder) / "batchq-orders.json"
     path.write_text(json.dumps(written))

@@ -20,6 +20,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan imp
     DRAIN_HELPERS,
     HELPERS,
     SHARED_HELPERS,
+    SLOT_HELPERS,
     digest,
     files_to_lay_out,
     plan,
@@ -534,9 +535,45 @@ def test_the_filter_compares_the_helpers_with_the_roles_own_texts(tmp_path):
     drain = units(dict(PLAIN, backlog_exit_code=75))
     decided = consumer_plan_filter(drain, host, SETTINGS, "h1", str(tmp_path))
     assert [e.get("source") for e in decided["files_to_lay_out"] if e.get("source")] == ["batchq-drain"]
-    # without the role's files, every helper counts as different
+    # without the role's files, every helper a drain with metrics needs counts as different
     decided = consumer_plan_filter(drain, host, SETTINGS, "h1")
-    assert len([e for e in decided["files_to_lay_out"] if e.get("source")]) == len(HELPERS)
+    assert [e["source"] for e in decided["files_to_lay_out"] if e.get("source")] == list(
+        DRAIN_HELPERS + ("batchq_metrics.py", "batchq_after_run.py") + SHARED_HELPERS)
+
+
+def test_a_budget_with_a_running_cap_lays_out_the_slots_helper_and_gives_every_consumer_a_spec():
+    capped = dict(SETTINGS, metrics=False, budget={"running_max": 3})
+    decided = plan(units(PLAIN), answers(), capped, "h1")
+    assert [e["source"] for e in decided["files_to_lay_out"] if e.get("source")] == list(SLOT_HELPERS + SHARED_HELPERS)
+    assert decided["budget"] == {"cpu_quota": None, "memory_max": None, "tasks_max": None, "running_max": 3}
+    assert decided["runtime"]["thumbs"]["spec"]["running_max"] == 3
+    assert not decided["runtime"]["thumbs"]["after_run"]
+    # no cap: a plain consumer without metrics runs no host-side program
+    assert plan(units(PLAIN), answers(), dict(capped, budget={"memory_max": "1G"}), "h1")["runtime"] == {}
+
+
+@pytest.mark.parametrize("budget, problem", [
+    ({"running_max": 0}, "consumer_budget.running_max: must be a whole number from 1 to 1000, got 0"),
+    ({"running_max": "two"}, "consumer_budget.running_max: must be a whole number from 1 to 1000, got 'two'"),
+    ({"running_max": True}, "consumer_budget.running_max: must be a whole number from 1 to 1000, got True"),
+    ({"cpu_quota": "1.5"}, "consumer_budget.cpu_quota: must be a percentage such as '150%', got '1.5'"),
+    ({"memory_max": "2 GB"}, "consumer_budget.memory_max: must be bytes with an optional K, M, G or T suffix,"
+                             " a percentage or 'infinity', got '2 GB'"),
+    ({"tasks_max": -1}, "consumer_budget.tasks_max: must be a whole number from 1 to 4194304 or 'infinity', got -1"),
+    ({"running": 2}, "consumer_budget: unknown key 'running' (known: cpu_quota, memory_max, tasks_max, running_max)"),
+    (["running_max", 2], "consumer_budget: must be a dict with keys of cpu_quota, memory_max, tasks_max, running_max,"
+                         " got ['running_max', 2]"),
+])
+def test_a_bad_budget_is_refused_naming_the_key(budget, problem):
+    decided = plan(units(PLAIN), answers(), dict(SETTINGS, budget=budget), "h1")
+    assert problem in decided["problems"]
+
+
+def test_a_budget_keeps_its_caps_and_sets_only_those_given():
+    budget = {"tasks_max": "infinity", "memory_max": "20%", "cpu_quota": None}
+    decided = plan(units(PLAIN), answers(), dict(SETTINGS, budget=budget), "h1")
+    assert decided["problems"] == []
+    assert decided["slice"] == [("MemoryMax", "20%"), ("TasksMax", "infinity")]
 
 
 # Runtime specs: what the host-side programs read of each consumer
@@ -557,7 +594,7 @@ def test_a_drain_gets_a_runtime_spec_with_all_its_programs_need():
         "backlog_exit_code": 75, "timeout_usec": 300000000, "stop_timeout_usec": 10000000, "interval_usec": 30000000,
         "preload": ["json"], "metrics_folder": "/var/lib/prometheus/node-exporter/batchq-thumbs.d",
         "hooks": {"every_usec": 900000000, "on_failure": ["/usr/bin/logger", "x"], "on_recovery": None},
-        "hook_credentials": None}
+        "hook_credentials": None, "running_max": None}
     assert decided["runtime"]["thumbs"]["after_run"] is True  # its hooks
     assert decided["runtime"]["thumbs"]["spec"] == spec_on_host(decided)
 

@@ -43,12 +43,19 @@ def test_an_older_systemd_is_refused_naming_found_and_needed():
 
 
 def test_the_drain_continuation_and_encrypted_credentials_from_250_on():
-    before, since = dict.fromkeys(("drain_continue", "credentials_encrypted", "credentials_private_run"), False), dict(
-        dict.fromkeys(("drain_continue", "credentials_encrypted"), True), credentials_private_run=False)
+    before = dict.fromkeys(("drain_continue", "credentials_encrypted", "credentials_private_run", "slice_concurrency"), False)
+    since = dict(before, drain_continue=True, credentials_encrypted=True)
     assert systemd_support(recorded("bullseye"))["features"] == before
     assert systemd_support("systemd 249 (249.11-0ubuntu3.12)\n")["features"] == before
     assert systemd_support("systemd 250 (250.3)\n")["features"] == since
     assert systemd_support(recorded("bookworm"))["features"] == since
+
+
+def test_a_slice_queues_starts_beyond_its_running_cap_from_258_on():
+    assert not systemd_support(recorded("trixie"))["features"]["slice_concurrency"]
+    assert not systemd_support("systemd 257 (257.9-1~deb13u1)\n")["features"]["slice_concurrency"]
+    assert systemd_support("systemd 258 (258.1-1)\n")["features"]["slice_concurrency"]
+    assert systemd_support(recorded("forky"))["features"]["slice_concurrency"]
 
 
 def test_output_without_a_version_is_refused_not_guessed():

@@ -88,7 +88,7 @@ def test_role_takes_the_shared_names_from_consumer_names():
     role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     # the planner's settings, from these names and the role's defaults
     settings = role_vars.pop("_consumer_settings")
-    assert sorted(settings) == ["account", "exclusive", "helper_dir", "hooks_state_dir", "metrics", "metrics_dir",
+    assert sorted(settings) == ["account", "budget", "exclusive", "helper_dir", "hooks_state_dir", "metrics", "metrics_dir",
                                 "prefix", "secrets_dir", "unit_dir"]
     resolved = {}
     for variable, expression in role_vars.items():
@@ -103,4 +103,6 @@ def test_role_takes_the_shared_names_from_consumer_names():
         "_consumer_continue_unit": names.CONTINUE_UNIT,
         "_consumer_after_run": names.AFTER_RUN,
         "_consumer_hooks_state_dir": names.HOOKS_STATE_DIR,
+        "_consumer_slice_unit": names.SLICE_UNIT,
+        "_consumer_slots": names.SLOTS,
     }

@@ -27,7 +27,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_plan imp
 ROOT = pathlib.Path(__file__).parents[2]
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 SUITES = {"bullseye": "debian11", "bookworm": "debian12", "trixie": "debian13", "forky": "debiantesting"}
-SCENARIOS = ["compat", "default", "drain", "faults", "fleet", "info"]
+SCENARIOS = ["capacity", "compat", "default", "drain", "faults", "fleet", "info"]
 METRICS_DIR = "/var/lib/prometheus/node-exporter"
 HELPER_DIR = consumer_names.DRAIN_RUNNER.rsplit("/", 1)[0]
 # a form of the role's vars/main.yml and defaults/main.yml, as the role resolves them
@@ -76,7 +76,9 @@ def render(decided):
         _consumer_installed=decided["installed"], _consumer_systemd=decided["systemd"],
         _consumer_pythons=decided["pythons"], _consumer_metrics=decided["settings"]["metrics"],
         _consumer_runtime=decided["runtime"], _consumer_drain_runner=consumer_names.DRAIN_RUNNER,
-        _consumer_after_run=consumer_names.AFTER_RUN, _consumer_continue_unit=consumer_names.CONTINUE_UNIT)
+        _consumer_after_run=consumer_names.AFTER_RUN, _consumer_continue_unit=consumer_names.CONTINUE_UNIT,
+        _consumer_budget=decided["budget"], _consumer_slice=decided["slice"],
+        _consumer_slice_unit=consumer_names.SLICE_UNIT, _consumer_slots=consumer_names.SLOTS)
     return json.loads(text)
 
 
@@ -127,6 +129,44 @@ def test_each_consumers_units_pass_its_programs_the_spec_the_role_lays_out(scena
             assert stop_post == [wanted]
         else:
             assert stop_post == []
+        # no budget: the slice holds every unit, and nothing waits for a slot
+        assert service[("Service", "Slice")] == [consumer_names.SLICE_UNIT]
+        assert not any(consumer_names.SLOTS in line for line in service.get(("Service", "ExecStartPre"), []))
+    assert settings_of(files[consumer_names.SLICE_UNIT]) == {("Unit", "Description"): ["batchq consumers of this host"]}
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_the_running_cap_is_the_slices_from_258_on_and_each_units_own_before(suite):
+    consumer_list, defaults = group_vars("compat", suite)  # a drain and plain consumers
+    units = normalized(consumer_list, defaults)
+    budget = {"cpu_quota": "150%", "memory_max": "2G", "tasks_max": 512, "running_max": 2}
+    decided = plan(units, host_answers(suite, units), dict(SETTINGS, budget=budget), suite)
+    files = render(decided)
+    queued = decided["systemd"]["version"] >= 258
+    assert decided["systemd"]["features"]["slice_concurrency"] == queued
+    wanted_slice = {("Unit", "Description"): ["batchq consumers of this host"], ("Slice", "CPUQuota"): ["150%"],
+                    ("Slice", "MemoryMax"): ["2G"], ("Slice", "TasksMax"): ["512"]}
+    if queued:
+        wanted_slice[("Slice", "ConcurrencySoftMax")] = ["2"]
+    assert settings_of(files[consumer_names.SLICE_UNIT]) == wanted_slice
+    assert any(unit["backlog_exit_code"] for unit in decided["installed"])
+    assert any(not unit["backlog_exit_code"] for unit in decided["installed"])
+    for unit in decided["installed"]:
+        service = settings_of(files[unit["service_unit"]])
+        runtime = decided["runtime"][unit["name"]]
+        assert runtime["spec"]["running_max"] == 2
+        slots = "/usr/bin/python3 -I %s --spec %s --unit %%n" % (consumer_names.SLOTS, runtime["path"])
+        assert service[("Service", "Slice")] == [consumer_names.SLICE_UNIT]
+        if queued:
+            # systemd holds the start back; the unit only measures the wait
+            assert service[("Service", "ExecStartPre")][-1] == "+" + slots + " waited"
+            assert not any(consumer_names.SLOTS in line for line in service.get(("Service", "ExecStopPost"), []))
+        else:
+            # the last step before the batch takes a slot; the first after it gives the slot back
+            assert service[("Service", "ExecStartPre")][-1] == "+" + slots + " take"
+            assert service[("Service", "ExecStopPost")][0] == "-+" + slots + " give"
+            # the helper's StatusText and timeout extension reach systemd
+            assert service[("Service", "NotifyAccess")] == ["exec"]
 
 
 @pytest.mark.parametrize("scenario, suite", CASES)
@@ -137,7 +177,7 @@ def test_no_unit_holds_a_value_the_template_left_unset(scenario, suite):
     for name, text in files.items():
         assert "{{" not in text and "{%" not in text, name
         for (section, key), values in settings_of(text).items():
-            assert section in ("Unit", "Service", "Timer", "Install", "X-Batchq"), (name, section)
+            assert section in ("Unit", "Service", "Timer", "Install", "X-Batchq", "Slice"), (name, section)
             assert all(value.strip() not in ("", "None") for value in values if key != "CapabilityBoundingSet"
                        and key != "AmbientCapabilities"), (name, key, values)
     # systemd reads what configparser reads (one key per line, no continuation here)

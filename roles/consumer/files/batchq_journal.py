@@ -87,11 +87,16 @@ def notify_status(text):
     """Say how the last batch ended in the unit's StatusText (NotifyAccess=main:
     no batch can, and systemd keeps it until the next run starts): the batch
     count and result of a run, whatever the journal dropped."""
+    notify("STATUS=" + text)
+
+
+def notify(message):
+    """Send message (sd_notify's "KEY=value" lines) to systemd, if it listens."""
     address = os.environ.get("NOTIFY_SOCKET", "")
     if not address:
         return
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(("STATUS=" + text).encode(), "\0" + address[1:] if address[0] == "@" else address)
+            sock.sendto(message.encode(), "\0" + address[1:] if address[0] == "@" else address)
     except OSError:
         pass

@@ -4,7 +4,9 @@
 """A consumer's Prometheus metrics after each batch (node_exporter's textfile collector).
 
 update() is called after every run by batchq_after_run.py (the unit's
-ExecStopPost=), and after every batch of a drain by batchq-drain.
+ExecStopPost=), and after every batch of a drain by batchq-drain;
+add_slot_wait() by batchq_slots.py, when a run got its slot of the host's
+budget (consumer_budget.running_max).
 
 The file FOLDER/metrics.prom (FOLDER is <dir>/<unit prefix><name>.d, owned
 by the consumer's user so that a drain can write it from its sandbox; the
@@ -36,6 +38,7 @@ METRICS = {
     "runs_total": ("counter", "Batches by result (systemd's words; backlog: succeeded, more work waits)."),
     "interval_seconds": ("gauge", "The consumer's interval (OnUnitInactiveSec=)."),
     "timeout_seconds": ("gauge", "The consumer's timeout per batch (+Inf: none)."),
+    "slot_wait_seconds_total": ("counter", "Seconds the consumer's starts waited for a slot of the host's budget."),
 }
 # runs_total of these results is there from a unit's first batch on, at 0:
 # increase() and rate() miss the first count of a series that starts at 1.
@@ -124,6 +127,18 @@ def lock(descriptor, wait):
 def update(folder, consumer, unit, run, interval, timeout, units=()):
     """Add one finished batch to FOLDER/metrics.prom, atomically and durably
     (the file holds the counters: a power cut must not empty it)."""
+    rewrite(folder, consumer, lambda series: record(series, unit, run, interval, timeout, units))
+
+
+def add_slot_wait(folder, consumer, unit, seconds):
+    """Add a start's wait for a slot to FOLDER/metrics.prom."""
+    key = ("slot_wait_seconds_total", unit, "")
+    rewrite(folder, consumer, lambda series: {**series, key: series.get(key, 0) + round(seconds, 6)})
+
+
+def rewrite(folder, consumer, change):
+    """FOLDER/metrics.prom with its series changed by change(series), written
+    atomically and durably."""
     target = os.path.join(folder, "metrics.prom")
     folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -134,7 +149,7 @@ def update(folder, consumer, unit, run, interval, timeout, units=()):
                 series = parse(handle.read())
         except FileNotFoundError:
             series = {}
-        text = render(consumer, record(series, unit, run, interval, timeout, units))
+        text = render(consumer, change(series))
         # One name will do: the lock makes this the only writer. The folder
         # is the consumer's user's, and this may run as root: a file of that
         # name is removed first, and the new one is made here (O_EXCL), never
