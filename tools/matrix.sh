@@ -6,51 +6,60 @@
 # scenario on all its hosts (Debian 11, 12, 13, and testing in `default`)
 # under the newest; and the short `compat` scenario under each other release
 # on one host, a different Debian for each, inside that release's target
-# Pythons (the support guide). Two
-# lanes run side by side, each part after part, about half the minutes in each.
+# Pythons (the support guide). Three
+# lanes run side by side, each part after part (see below).
 # It builds the images first (`make images controller-image`), and with
 # MATRIX_LINT=1 (`make test`) runs `make lint` and `make release-check` (Galaxy's
 # importer and ansible-builder on a tarball) meanwhile and `make rules` after.
 # MATRIX_ONLY=REGEX runs only the parts it matches.
-# Each part logs to .cache/matrix/PART.log; a summary with each part's minutes
-# closes the run, and a failed part fails it.
+# Each part logs to .cache/matrix/PART.log, each line after the part's seconds
+# so far ("[ 123] "); a summary with each part's minutes closes the run, and a
+# failed part fails it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 oldest=2.16 newest=2.21
 # The lanes are balanced by the minutes each part took (CONTRIBUTING.md).
 # Never two of the heaviest (default, faults, drain) side by side: together they
-# overload the two cores, and the timing tests of faults and drain fail.
+# overload the two cores, and the timing tests of faults and drain fail. So
+# they share the first lane. The second holds the other parts that keep the
+# CPU busy (the queues' tests, the fleet). The third holds the parts that
+# mostly wait on their hosts' timers (compat, info, capacity) and the unit
+# tests: it fills the time the other two wait.
 # A lane installs the releases of 2.20 and later itself (in the controller
 # image, a minute at most), before its first part under that release, so
-# that it need not wait for the other lane. "after PART" waits until that
-# part of the other lane is done.
+# that it need not wait for another lane. "after PART" waits until that
+# part of another lane is done.
 first=(
   "$newest collection"
   "$newest molecule SCENARIOS=default"
   "$newest molecule SCENARIOS=faults"
   "$newest molecule SCENARIOS=drain"
-  "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
-  "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
-  "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
-  "2.20 collection"
-  "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
-  "after 2.22 collection"
-  "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
 )
 second=(
   "2.22 collection"
-  "$oldest unit sanity"
   "$oldest pgqueue"
   "$oldest queues"
   "after $newest collection"
+  "$newest molecule SCENARIOS=fleet"
+)
+third=(
+  "2.20 collection"
+  "$oldest unit sanity"
+  "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
+  "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
+  "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
+  "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
+  "after 2.22 collection"
+  "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
+  "after $newest collection"
   "$newest unit sanity"
   "$newest molecule SCENARIOS=info"
-  "$newest molecule SCENARIOS=fleet"
+  "$newest molecule SCENARIOS=capacity"
 )
 setup() { grep -E "$@" -e ' collection$' -e '^after '; }
 # MATRIX_ONLY keeps the parts it matches, and the set-ups of their releases
-used=$(printf '%s\n' "${first[@]}" "${second[@]}" | setup -v | { grep -E -- "${MATRIX_ONLY:-.}" || true; } | cut -d' ' -f1 | sort -u)
+used=$(printf '%s\n' "${first[@]}" "${second[@]}" "${third[@]}" | setup -v | { grep -E -- "${MATRIX_ONLY:-.}" || true; } | cut -d' ' -f1 | sort -u)
 only() {
   local part release
   for part in "$@"; do
@@ -65,9 +74,15 @@ only() {
 }
 mapfile -t first < <(only "${first[@]}")
 mapfile -t second < <(only "${second[@]}")
+mapfile -t third < <(only "${third[@]}")
 jobs=2
 logs=.cache/matrix
 rm -rf "$logs" && mkdir -p "$logs"
+
+stamped() {  # BEGAN: each line of stdin after the seconds since BEGAN ($SECONDS), where the minutes of a part go
+  local line
+  while IFS= read -r line || [ -n "$line" ]; do printf '[%4d] %s\n' $((SECONDS - $1)) "$line"; done
+}
 
 run() {  # PART [MAKE OPTIONS]: runs it, then writes its verdict and minutes to its .result
   # PART: "RELEASE TARGETS..." (make under that ansible-core) or "make TARGETS..." (this tree's .venv)
@@ -76,9 +91,9 @@ run() {  # PART [MAKE OPTIONS]: runs it, then writes its verdict and minutes to 
   name=${name//PLATFORM=/}
   read -ra words <<<"$1"
   if [ "${words[0]}" = make ]; then
-    make "${words[@]:1}" >"$logs/$name.log" 2>&1 || status=FAILED
+    make "${words[@]:1}" 2>&1 | stamped "$began" >"$logs/$name.log" || status=FAILED
   else
-    tools/ansible-core.sh "${words[@]}" "${@:2}" >"$logs/$name.log" 2>&1 || status=FAILED
+    tools/ansible-core.sh "${words[@]}" "${@:2}" 2>&1 | stamped "$began" >"$logs/$name.log" || status=FAILED
   fi
   awk -v part="$1" -v status=$status -v s=$((SECONDS - began)) \
     'BEGIN { printf "%-36s %-7s %5.1f min\n", part, status, s / 60 }' | tee "$logs/$name.result"
@@ -115,7 +130,7 @@ start=$SECONDS
 # install in the controller image, in a lane. The alert rules' check runs
 # in a lane too, after this step, because it may run apt-get, as the engine's
 # install does (one apt at a time).
-mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | grep -v -e '^after ' -e ' collection$' |
+mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" "${third[@]}" | grep -v -e '^after ' -e ' collection$' |
   cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
 local_setups=()
 for setup in "${setups[@]}"; do
@@ -128,6 +143,7 @@ options=(-o collection)
 if ! failed >/dev/null; then
   lane "${first[@]}" &
   lane ${MATRIX_LINT:+"make rules"} "${second[@]}" &
+  lane "${third[@]}" &
   wait
 fi
 
@@ -137,10 +153,11 @@ if failed >/dev/null; then
   for result in $(failed); do
     log=${result%.result}.log
     # pytest's summary names the failed tests, and molecule's output follows it:
-    # show the failures' own lines first, then the end of the log.
+    # show the failures' own lines first, then the end of the log. (Each line
+    # begins with its seconds, "[ 123] ".)
     echo "=== $log: what failed"
-    sed -n '/= short test summary info =/,/^=.* in [0-9.]*s/p' "$log" | cut -c1-400
-    grep -E '^E  |^FAILED |^ERROR |fatal: |FAILED! =>' "$log" | head -n 40 | cut -c1-400 || true
+    sed -n '/= short test summary info =/,/^\[ *[0-9]*\] =.* in [0-9.]*s/p' "$log" | cut -c1-400
+    grep -E '^\[ *[0-9]+\] (E  |FAILED |ERROR )|fatal: |FAILED! =>' "$log" | head -n 40 | cut -c1-400 || true
     echo "=== $log (last 30 lines)"; tail -n 30 "$log"
   done
   exit 1
