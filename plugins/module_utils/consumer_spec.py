@@ -517,6 +517,9 @@ def _raw_options(name, field, options):
     for key in sorted(options):
         if not OPTION_KEY_RE.fullmatch(str(key)):
             _fail(name, field, "%r is not a systemd setting name" % (key,))
+        if field == "service_options" and key == "Slice":
+            # the host's budget holds every consumer (consumer_budget): a unit of another slice would escape it
+            _fail(name, field, "Slice is the role's: every consumer runs in batchq.slice, capped by consumer_budget")
         values = options[key] if isinstance(options[key], list) else [options[key]]
         for value in values:
             if isinstance(value, bool):

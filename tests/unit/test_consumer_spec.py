@@ -513,3 +513,9 @@ def test_bad_credentials_are_refused_naming_the_consumer_and_field_not_the_value
 def test_hook_credentials_without_a_hook_are_refused():
     with pytest.raises(ConsumerSpecError, match="field 'hook_credentials': needs on_failure or on_recovery"):
         one(hook_credentials={"token": "t"})
+
+
+def test_a_slice_of_its_own_is_refused_the_budget_holds_every_consumer():
+    with pytest.raises(ConsumerSpecError, match="field 'service_options': Slice is the role's: every consumer runs"
+                                                " in batchq.slice, capped by consumer_budget"):
+        one(service_options={"Slice": "system.slice"})
