@@ -6,7 +6,8 @@
 # Prints, per host, the median (and range) wall time of `systemctl start` of a
 # oneshot that runs /bin/true: as a plain unit, and as the role writes a
 # consumer's unit under a running cap (its ExecStartPre=, ExecStopPost= and
-# slice, the runtime spec with metrics). Nothing else runs in the slice: no
+# slice, the runtime spec with metrics; before 258 the batch runs through
+# the runner, batchq-drain). Nothing else runs in the slice: no
 # run waits, so the difference is what the slots cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,8 @@ CGROUP_SOURCE=/sys/fs/cgroup/unified tools/systemd-container.sh "${hosts[1]}" \
   "${BATCHQ_IMAGE_DEBIANTESTING:-batchq/debian:forky}"
 for host in "${hosts[@]}"; do
   docker exec "$host" mkdir -p /usr/local/lib/batchq/specs
-  for file in batchq_slots.py batchq_journal.py batchq_metrics.py consumer_protocol.py; do
+  for file in batchq_slots.py batchq_journal.py batchq_metrics.py consumer_protocol.py batchq-drain \
+      batchq_supervise.py batchq_cpython.py batchq_main.py batchq_preload.py batchq_reseed.py; do
     docker cp -L "roles/consumer/files/$file" "$host:/usr/local/lib/batchq/$file"
   done
   docker exec -i "$host" python3 - "$runs" <<'PY'
@@ -32,20 +34,23 @@ os.makedirs(folder, exist_ok=True)
 # the runtime spec the role writes for such a consumer (module_utils/consumer_runtime.py)
 spec = {"spec_version": 1, "consumer": "bench", "services": ["batchq-bench.service"], "backlog_exit_code": None,
         "timeout_usec": 60000000, "stop_timeout_usec": 30000000, "interval_usec": 60000000, "preload": [],
-        "metrics_folder": folder, "hooks": None, "hook_credentials": None, "running_max": 2}
+        "metrics_folder": folder, "hooks": None, "hook_credentials": None, "running_max": 2,
+        "runner": version < 258}
 with open("/usr/local/lib/batchq/specs/batchq-bench.json", "w", encoding="utf-8") as handle:
     json.dump(spec, handle)
 slots = "/usr/bin/python3 -I /usr/local/lib/batchq/batchq_slots.py --spec /usr/local/lib/batchq/specs/batchq-bench.json --unit %n"
 # as consumer.service.j2 writes them
+plain = "[Service]\nType=oneshot\nExecStart=/bin/true\nTimeoutStartSec=60\n"
 if version >= 258:
-    capped = "Slice=batchq.slice\nExecStartPre=+%s waited\n" % slots
+    capped = plain + "Slice=batchq.slice\nExecStartPre=+%s waited\n" % slots
     budget = "[Slice]\nConcurrencySoftMax=2\n"
-else:
-    capped = "Slice=batchq.slice\nNotifyAccess=exec\nExecStartPre=+%s take\nExecStopPost=-+%s give\n" % (slots, slots)
+else:  # the batch runs through the runner, which times it out
+    capped = ("[Service]\nType=oneshot\nTimeoutStartSec=infinity\nSlice=batchq.slice\nNotifyAccess=exec\n"
+              "ExecStart=/usr/bin/python3 -I /usr/local/lib/batchq/batchq-drain --spec "
+              "/usr/local/lib/batchq/specs/batchq-bench.json --unit %%n -- /bin/true\n"
+              "ExecStartPre=+%s take\nExecStopPost=-+%s give\n" % (slots, slots))
     budget = "[Slice]\n"
-units = {"batchq-bench-plain.service": "[Service]\nType=oneshot\nExecStart=/bin/true\nTimeoutStartSec=60\n",
-         "batchq-bench.service": "[Service]\nType=oneshot\nExecStart=/bin/true\nTimeoutStartSec=60\n" + capped,
-         "batchq.slice": budget}
+units = {"batchq-bench-plain.service": plain, "batchq-bench.service": capped, "batchq.slice": budget}
 for name, text in units.items():
     with open("/etc/systemd/system/" + name, "w", encoding="utf-8") as handle:
         handle.write(text)

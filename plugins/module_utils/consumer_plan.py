@@ -25,7 +25,9 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names im
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runtime import (
     SPEC_FOLDER,
     running_max,
+    runs_runner,
     runtime_specs,
+    waits_in_unit,
     spec_files,
     stale_specs,
 )
@@ -160,12 +162,13 @@ def timer_starts(units):
             for unit in units if unit["state"] == "present" for timer in unit["timers"]]
 
 
-def helper_files(units, settings):
+def helper_files(units, settings, queued_starts=False):
     """The helper programs the consumers need, and their folder; none when no
     consumer needs one. Each names its source in the role's files: the
-    controller reads it as it lays the files out (consumer_file_texts)."""
+    controller reads it as it lays the files out (consumer_file_texts).
+    queued_starts: whether the host's slices queue starts (systemd 258)."""
     kept = installed(units)
-    names = list(DRAIN_HELPERS) if any(unit["backlog_exit_code"] for unit in kept) else []
+    names = list(DRAIN_HELPERS) if any(runs_runner(unit, settings, queued_starts) for unit in kept) else []
     if kept and (settings["metrics"] or any(unit["hooks"] for unit in kept)):
         names += AFTER_RUN_HELPERS
     if kept and running_max(settings) is not None:
@@ -179,19 +182,21 @@ def helper_files(units, settings):
         dict(root, path="%s/%s" % (helper_dir, name), source=name) for name in names]
 
 
-def wanted_files(units, settings, encrypted=False):
+def wanted_files(units, settings, encrypted=False, queued_starts=False):
     """Every file and folder the consumers need laid out, in order: the
     helpers and the consumers' runtime specs, node_exporter's textfile folder
     (never taking a right away from a folder other exporters may share), then
     each consumer's metrics files; with metrics off, their removal
     (consumer_metrics says what and why). The paths never depend on
     encrypted (whether the host's systemd decrypts credentials): questions()
-    asks about them before the host has said."""
+    asks about them before the host has said. Nor do they grow with
+    queued_starts (whether its slices queue starts): without it, they are the
+    most a host can need."""
     kept = installed(units)
     metrics = settings["metrics"]
     folder = [{"path": settings["metrics_dir"], "state": "directory", "mode": "a+rx"}] if metrics and kept else []
-    return (helper_files(units, settings)
-            + spec_files(runtime_specs(kept, settings, encrypted), settings["helper_dir"]) + folder
+    return (helper_files(units, settings, queued_starts)
+            + spec_files(runtime_specs(kept, settings, encrypted, queued_starts), settings["helper_dir"]) + folder
             + metrics_files(kept, settings["metrics_dir"], settings["prefix"], metrics))
 
 
@@ -312,6 +317,7 @@ def plan(units, answers, settings, host="this host", sources=None):
     budget = host_budget(settings.get("budget"))[0]
     systemd = systemd_support(answers["systemctl_version"], host)
     encrypted = systemd["features"]["credentials_encrypted"]
+    queued = systemd["features"]["slice_concurrency"]
     pythons = preload_pythons(kept, answers["first_lines"], host)
     # Present consumers whose units change shape (one instance to several, or
     # back): the host still has the other shape's service. Their timers start
@@ -329,10 +335,11 @@ def plan(units, answers, settings, host="this host", sources=None):
         "systemd": systemd,
         "pythons": pythons["pythons"],
         # {name: {path, spec, after_run}}: what the units pass the host-side programs
-        "runtime": runtime_specs(kept, settings, encrypted),
+        "runtime": runtime_specs(kept, settings, encrypted, queued),
         # the host's budget, and the [Slice] settings of batchq.slice, which holds every consumer unit
-        "budget": budget,
-        "slice": slice_settings(budget, systemd["features"]["slice_concurrency"]),
+        # waits_in_unit: each unit waits for a slot itself (consumer_runtime.waits_in_unit())
+        "budget": dict(budget, waits_in_unit=waits_in_unit(settings, queued)),
+        "slice": slice_settings(budget, queued),
         "problems": problems(units, answers, systemd, pythons, settings, host),
         "account": account_plan(units, answers, settings["account"]),
         "reshaped": reshaped,
@@ -352,7 +359,7 @@ def plan(units, answers, settings, host="this host", sources=None):
         "drains_by_secret": [{"path": path, "services": unit["services"]}
                              for unit in kept for path in unit["secret_paths"]],
         # what the consumers need laid out (wanted_files()) and the host lacks
-        "files_to_lay_out": files_to_lay_out(wanted_files(units, settings, encrypted), answers, sources or {}),
+        "files_to_lay_out": files_to_lay_out(wanted_files(units, settings, encrypted, queued), answers, sources or {}),
         "removal": removal(units, answers, settings, encrypted),
     }
 

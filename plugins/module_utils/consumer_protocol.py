@@ -200,8 +200,13 @@ SPEC_VERSION = 1
 SPEC_FIELDS = {
     "consumer": str, "services": list, "backlog_exit_code": (int, type(None)), "timeout_usec": int,
     "stop_timeout_usec": int, "interval_usec": int, "preload": list, "metrics_folder": (str, type(None)),
-    "hooks": (dict, type(None)), "hook_credentials": (dict, type(None)), "running_max": (int, type(None)),
+    "hooks": (dict, type(None)), "hook_credentials": (dict, type(None)),
 }
+# Fields a spec written by an earlier release of the role lacks, with the value they then have:
+# another unit prefix's consumers keep their specs until their own deploy. runner: whether the
+# unit runs its batches through batchq-drain (a drain, or a plain consumer that waits for a slot).
+SPEC_DEFAULTS = {"running_max": None, "runner": None}
+SPEC_OPTIONAL = {"running_max": (int, type(None)), "runner": (bool, type(None))}
 
 
 class SpecError(ValueError):
@@ -223,4 +228,10 @@ def read_spec(path):
             raise SpecError("runtime spec %s: no field %s" % (path, field))
         if not isinstance(spec[field], kind) or isinstance(spec[field], bool):
             raise SpecError("runtime spec %s: field %s is %s" % (path, field, json.dumps(spec[field])))
+    for field, kind in SPEC_OPTIONAL.items():
+        spec.setdefault(field, SPEC_DEFAULTS[field])
+        if not isinstance(spec[field], kind) or (isinstance(spec[field], bool) and bool not in kind):
+            raise SpecError("runtime spec %s: field %s is %s" % (path, field, json.dumps(spec[field])))
+    if spec["runner"] is None:  # before the field: the drains alone ran through the runner
+        spec["runner"] = spec["backlog_exit_code"] is not None
     return spec

@@ -37,10 +37,10 @@ def metrics_folder(metrics_dir, prefix, name):
     return "%s/%s%s.d" % (metrics_dir, prefix, name)
 
 
-def runs_after_run(unit, metrics):
+def runs_after_run(unit, metrics, runner):
     """Whether the unit's ExecStopPost= runs the after-run writer: for its failure
-    hooks, or for its metrics when no drain runner writes them after each batch."""
-    return bool(unit["hooks"]) or (bool(metrics) and not unit["backlog_exit_code"])
+    hooks, or for its metrics when no runner writes them after each batch."""
+    return bool(unit["hooks"]) or (bool(metrics) and not runner)
 
 
 def running_max(settings):
@@ -49,15 +49,29 @@ def running_max(settings):
     return host_budget(settings.get("budget"))[0]["running_max"]
 
 
+def waits_in_unit(settings, queued_starts):
+    """Whether each consumer unit waits for a slot of the host's budget itself:
+    a running cap, on a systemd whose slices cannot queue starts (before 258)."""
+    return running_max(settings) is not None and not queued_starts
+
+
+def runs_runner(unit, settings, queued_starts):
+    """Whether the unit runs its batches through the runner (batchq-drain),
+    which times each batch out itself: a drain, or a plain consumer whose
+    start timeout would count its wait for a slot (waits_in_unit())."""
+    return bool(unit["backlog_exit_code"]) or waits_in_unit(settings, queued_starts)
+
+
 def has_spec(unit, settings):
     """Whether a consumer runs a host-side program, which reads its spec."""
-    return (bool(unit["backlog_exit_code"]) or runs_after_run(unit, settings["metrics"])
+    return (bool(unit["backlog_exit_code"]) or bool(unit["hooks"]) or bool(settings["metrics"])
             or running_max(settings) is not None)
 
 
-def runtime_spec(unit, settings, encrypted):
+def runtime_spec(unit, settings, encrypted, queued_starts=False):
     """The spec of a normalised consumer (consumer_spec), with the plan's
-    settings and whether the host's systemd decrypts credentials."""
+    settings, whether the host's systemd decrypts credentials and whether its
+    slices queue starts (ConcurrencySoftMax=, 258)."""
     hook_credentials = unit["credentials"]["hook_credentials"] if unit["hooks"] else []
     return {
         "spec_version": SPEC_VERSION,
@@ -75,6 +89,8 @@ def runtime_spec(unit, settings, encrypted):
         # loaded into each hook's own unit: LoadCredentialEncrypted= or LoadCredential=
         # the host's cap on the consumer units that run at once (batchq_slots.py)
         "running_max": running_max(settings),
+        # whether the unit runs its batches through batchq-drain
+        "runner": runs_runner(unit, settings, queued_starts),
         "hook_credentials": {
             "encrypted": bool(encrypted),
             "load": ["%s:%s" % (entry["name"], entry["encrypted_path" if encrypted else "path"])
@@ -88,12 +104,13 @@ def spec_text(spec):
     return json.dumps(spec, indent=1, sort_keys=True) + "\n"
 
 
-def runtime_specs(units, settings, encrypted=False):
+def runtime_specs(units, settings, encrypted=False, queued_starts=False):
     """{name: {"path", "spec", "after_run"}} for the installed consumers that have a spec."""
     return {
         unit["name"]: {"path": spec_path(settings["helper_dir"], settings["prefix"], unit["name"]),
-                       "spec": runtime_spec(unit, settings, encrypted),
-                       "after_run": runs_after_run(unit, settings["metrics"])}
+                       "spec": runtime_spec(unit, settings, encrypted, queued_starts),
+                       "after_run": runs_after_run(unit, settings["metrics"],
+                                                   runs_runner(unit, settings, queued_starts))}
         for unit in units if unit["state"] != "absent" and has_spec(unit, settings)
     }
 

@@ -527,6 +527,10 @@ def _raw_options(name, field, options):
             if isinstance(value, (dict, list)) or value is None:
                 _fail(name, field, "value of %s must be a string or number" % key)
             text = _single_line(name, field, value)
+            if field == "service_options" and key.startswith("Exec") and not text.strip():
+                # an empty value empties the list: the role's own commands (the slot of the host's budget,
+                # the metrics and hooks) would go
+                _fail(name, field, "an empty %s would remove the role's own commands" % key)
             if text.endswith("\\"):
                 _fail(name, field, "value of %s ends in a backslash, which systemd reads as a line continuation" % key)
             result.append((key, text))

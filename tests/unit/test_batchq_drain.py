@@ -79,6 +79,29 @@ def test_a_batch_that_its_timeout_ended_fails_the_run_whatever_it_exits(tmp_path
     assert started.exists()
 
 
+@pytest.mark.parametrize("code", [0, 3, 75])
+def test_a_plain_consumer_runs_one_batch_and_ends_with_its_status(tmp_path, code):
+    # no backlog_exit_code: a plain consumer that waited for a slot runs here, one batch, timed out by the runner
+    count = tmp_path / "batches"
+    path = spec(tmp_path, backlog_exit_code=None, runner=True)
+    batch = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('x'); sys.exit(%d)" % code, str(count)]
+    ended = subprocess.run([sys.executable, str(RUNNER), "--spec", path, "--unit", UNIT, "--"] + batch,
+                           cwd=tmp_path, timeout=60, check=False)
+    assert (ended.returncode, count.read_text()) == (code, "x")
+
+
+def test_a_plain_consumers_batch_is_timed_out_by_the_runner(tmp_path):
+    started = tmp_path / "started"
+    path = spec(tmp_path, backlog_exit_code=None, runner=True, timeout_usec=1000000, stop_timeout_usec=5000000)
+    process = subprocess.Popen([sys.executable, str(RUNNER), "--spec", path, "--unit", UNIT, "--", sys.executable,
+                                "-c", BATCH, "0", str(started)], cwd=tmp_path)
+    try:
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        process.kill()
+    assert started.exists()
+
+
 @pytest.mark.parametrize("stop, ended", [
     # systemctl stop: SIGTERM to the runner and the batch alike (the unit's cgroup). The run ends with 0, a success
     # (SIGTERM would be a failure of the oneshot unit) that batchq.continue@ does not continue: the drain stays

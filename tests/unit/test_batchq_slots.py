@@ -25,6 +25,8 @@ def test_a_unit_takes_a_free_slot_only_when_no_unit_came_before_it():
     waiting = {"c.service": ["inv-c", "10.0"], "b.service": ["inv-b", "12.5"]}
     assert not slots_helper.may_take(held, waiting, "b.service", 2)
     assert slots_helper.may_take(held, waiting, "c.service", 2)
+    # a newcomer, not waiting yet, comes after every unit that waits
+    assert not slots_helper.may_take(held, waiting, "d.service", 3)
     # a slot the unit holds from an earlier run of its own is no other's
     assert slots_helper.may_take({"b.service": ["old"]}, {}, "b.service", 1)
     # equal arrival: by name, never both
@@ -93,7 +95,7 @@ def test_consumer_info_tells_a_start_that_waits_for_a_slot_on_either_systemd():
     assert not consumer_runs.waits_for_slot(dict(queued, Job=""), full)
 
 
-def test_a_wait_is_reported_in_the_status_and_the_timeout_moves_with_it(tmp_path):
+def test_a_wait_is_told_in_the_status_until_the_slot_is_taken(tmp_path):
     clock = {"now": 0.0}
     said = []
     slots = slots_helper.Slots(str(tmp_path))
@@ -101,17 +103,53 @@ def test_a_wait_is_reported_in_the_status_and_the_timeout_moves_with_it(tmp_path
 
     def sleep(seconds):
         clock["now"] += seconds
-        if clock["now"] >= 0.35:  # a gives its slot back
+        if clock["now"] >= 0.7:  # a gives its slot back
             slots_helper.give(slots, "a.service", "inv-a")
 
-    waited = slots_helper.take(slots, "b.service", "inv-b", 1, 30_000_000, live=lambda units: {"a.service": "inv-a"},
+    waited = slots_helper.take(slots, "b.service", "inv-b", lambda: 1, live=lambda units: {"a.service": "inv-a"},
                                clock=lambda: clock["now"], sleep=sleep, notify=said.append)
-    assert waited == pytest.approx(0.4)
-    assert len(said) == 5
-    assert all(line.startswith("STATUS=waiting for a slot since ") and line.endswith(
-        ", 1 of 1 taken\nEXTEND_TIMEOUT_USEC=30000000") for line in said[:4])
-    assert said[4] == "STATUS=\nEXTEND_TIMEOUT_USEC=30000000"  # cleared, and the timeout counts from now
+    assert waited == pytest.approx(0.75)
+    assert len(said) == 4
+    assert all(line.startswith("STATUS=waiting for a slot since ") and line.endswith(", 1 of 1 taken")
+               for line in said[:3])
+    assert said[3] == "STATUS="  # cleared once the batch has its slot
     assert slots.entries("held") == {"b.service": ["inv-b"]} and slots.entries("waiting") == {}
+
+
+def test_a_newcomer_waits_behind_a_unit_that_came_first(tmp_path):
+    clock = {"now": 20.0}
+    slots = slots_helper.Slots(str(tmp_path))
+    slots.put("waiting", "b.service", ["inv-b", "10.0"])  # b waits since 10, and looks again soon
+    alive = {"b.service": "inv-b"}
+    said = []
+
+    def sleep(seconds):
+        clock["now"] += seconds
+        if not slots.entries("held"):  # b's next look: it takes the free slot
+            assert slots_helper.take(slots, "b.service", "inv-b", lambda: 1, live=lambda units: alive,
+                                     clock=lambda: clock["now"], notify=lambda m: None) == 0.0
+        else:  # then b's batch ends
+            slots_helper.give(slots, "b.service", "inv-b")
+
+    slots_helper.take(slots, "c.service", "inv-c", lambda: 1, live=lambda units: alive,
+                      clock=lambda: clock["now"], sleep=sleep, notify=said.append)
+    # c waited though the slot was free (b came first), then while b held it
+    assert [line.rsplit(", ", 1)[-1] for line in said] == ["0 of 1 taken", "1 of 1 taken", "STATUS="]
+    assert slots.entries("held") == {"c.service": ["inv-c"]}
+
+
+def test_a_deploy_that_raises_or_lifts_the_cap_lets_a_waiting_unit_go_on(tmp_path):
+    slots = slots_helper.Slots(str(tmp_path))
+    slots.put("held", "a.service", ["inv-a"])
+    caps = iter([1, 1, 2])
+    clock = {"now": 0.0}
+    assert slots_helper.take(slots, "b.service", "inv-b", lambda: next(caps), live=lambda units: {"a.service": "inv-a"},
+                             clock=lambda: clock["now"], sleep=lambda s: clock.__setitem__("now", clock["now"] + s),
+                             notify=lambda m: None) == pytest.approx(0.5)
+    assert sorted(slots.entries("held")) == ["a.service", "b.service"]
+    # no cap any more: the unit goes on at once, and holds nothing
+    assert slots_helper.take(slots, "c.service", "inv-c", lambda: None, clock=lambda: 7.0, notify=lambda m: None) == 0.0
+    assert "c.service" not in slots.entries("held")
 
 
 def test_the_slot_of_a_killed_holder_is_freed_once_systemd_says_its_run_is_over(tmp_path):
@@ -124,7 +162,7 @@ def test_the_slot_of_a_killed_holder_is_freed_once_systemd_says_its_run_is_over(
         asked.append(sorted(units))
         return {}  # a was killed before it gave its slot back: systemd has no run of it
 
-    waited = slots_helper.take(slots, "b.service", "inv-b", 1, 0, live=live, clock=lambda: clock["now"],
+    waited = slots_helper.take(slots, "b.service", "inv-b", lambda: 1, live=live, clock=lambda: clock["now"],
                                sleep=lambda s: clock.__setitem__("now", clock["now"] + s), notify=lambda m: None)
     assert waited == 0.0 and asked == [["a.service"]]
     assert slots.entries("held") == {"b.service": ["inv-b"]}
@@ -140,7 +178,7 @@ unit, folder, log = sys.argv[1], sys.argv[2], sys.argv[3]
 slots = helper.Slots(folder)
 alive = lambda units: {{name: (slots.entries("held").get(name) or slots.entries("waiting").get(name))[0]
                        for name in units if name in slots.entries("held") or name in slots.entries("waiting")}}
-waited = helper.take(slots, unit, "inv-" + unit, 2, 0, live=alive, notify=lambda m: None)
+waited = helper.take(slots, unit, "inv-" + unit, lambda: 2, live=alive, notify=lambda m: None)
 with open(log, "a") as out:
     out.write(json.dumps(["took", unit, time.monotonic()]) + "\\n")
 time.sleep(0.3)

@@ -543,11 +543,19 @@ def test_the_filter_compares_the_helpers_with_the_roles_own_texts(tmp_path):
 
 def test_a_budget_with_a_running_cap_lays_out_the_slots_helper_and_gives_every_consumer_a_spec():
     capped = dict(SETTINGS, metrics=False, budget={"running_max": 3})
+    # systemd 252: each unit waits for a slot itself, and its batch runs through the runner
     decided = plan(units(PLAIN), answers(), capped, "h1")
+    assert [e["source"] for e in decided["files_to_lay_out"] if e.get("source")] == list(
+        DRAIN_HELPERS + ("batchq_slots.py", "batchq_metrics.py") + SHARED_HELPERS)
+    assert decided["budget"] == {"cpu_quota": None, "memory_max": None, "tasks_max": None, "running_max": 3,
+                                 "waits_in_unit": True}
+    spec = decided["runtime"]["thumbs"]["spec"]
+    assert (spec["running_max"], spec["runner"], decided["runtime"]["thumbs"]["after_run"]) == (3, True, False)
+    # systemd 262: the slice holds starts back; the unit only measures the wait, its batch runs as it is
+    decided = plan(units(PLAIN), answers("forky"), capped, "h1")
     assert [e["source"] for e in decided["files_to_lay_out"] if e.get("source")] == list(SLOT_HELPERS + SHARED_HELPERS)
-    assert decided["budget"] == {"cpu_quota": None, "memory_max": None, "tasks_max": None, "running_max": 3}
-    assert decided["runtime"]["thumbs"]["spec"]["running_max"] == 3
-    assert not decided["runtime"]["thumbs"]["after_run"]
+    assert decided["budget"]["waits_in_unit"] is False
+    assert decided["runtime"]["thumbs"]["spec"]["runner"] is False
     # no cap: a plain consumer without metrics runs no host-side program
     assert plan(units(PLAIN), answers(), dict(capped, budget={"memory_max": "1G"}), "h1")["runtime"] == {}
 
@@ -594,7 +602,7 @@ def test_a_drain_gets_a_runtime_spec_with_all_its_programs_need():
         "backlog_exit_code": 75, "timeout_usec": 300000000, "stop_timeout_usec": 10000000, "interval_usec": 30000000,
         "preload": ["json"], "metrics_folder": "/var/lib/prometheus/node-exporter/batchq-thumbs.d",
         "hooks": {"every_usec": 900000000, "on_failure": ["/usr/bin/logger", "x"], "on_recovery": None},
-        "hook_credentials": None, "running_max": None}
+        "hook_credentials": None, "running_max": None, "runner": True}
     assert decided["runtime"]["thumbs"]["after_run"] is True  # its hooks
     assert decided["runtime"]["thumbs"]["spec"] == spec_on_host(decided)
 
@@ -604,6 +612,8 @@ def test_a_drain_gets_a_runtime_spec_with_all_its_programs_need():
     (dict(PLAIN, backlog_exit_code=75), {}, False),  # the runner writes them after each batch
     (dict(PLAIN, backlog_exit_code=75), {"metrics": False}, False),
     (dict(PLAIN, on_recovery="/usr/bin/logger ok"), {"metrics": False}, True),
+    # a plain consumer that waits for a slot itself (systemd 252): its runner writes them
+    (PLAIN, {"budget": {"running_max": 2}}, False),
 ])
 def test_the_after_run_writer_runs_only_where_it_has_work(consumer, settings, after_run):
     assert planned(consumer, settings=settings)["runtime"]["thumbs"]["after_run"] is after_run

@@ -519,3 +519,11 @@ def test_a_slice_of_its_own_is_refused_the_budget_holds_every_consumer():
     with pytest.raises(ConsumerSpecError, match="field 'service_options': Slice is the role's: every consumer runs"
                                                 " in batchq.slice, capped by consumer_budget"):
         one(service_options={"Slice": "system.slice"})
+
+
+@pytest.mark.parametrize("setting", ["ExecStartPre", "ExecStopPost"])
+def test_an_empty_exec_setting_that_would_drop_the_roles_commands_is_refused(setting):
+    with pytest.raises(ConsumerSpecError, match="field 'service_options': an empty %s would remove the role's own"
+                                                " commands" % setting):
+        one(service_options={setting: ""})
+    assert one(service_options={setting: "/bin/true"})["service_options"] == [(setting, "/bin/true")]

@@ -165,8 +165,12 @@ def test_the_running_cap_is_the_slices_from_258_on_and_each_units_own_before(sui
             # the last step before the batch takes a slot; the first after it gives the slot back
             assert service[("Service", "ExecStartPre")][-1] == "+" + slots + " take"
             assert service[("Service", "ExecStopPost")][0] == "-+" + slots + " give"
-            # the helper's StatusText and timeout extension reach systemd
+            # the helper's StatusText reaches systemd
             assert service[("Service", "NotifyAccess")] == ["exec"]
+            # no start timeout, which would count the wait: the runner times each batch out from its own start
+            assert service[("Service", "TimeoutStartSec")] == ["infinity"]
+            assert " --spec %s --unit %%n -- " % runtime["path"] in service[("Service", "ExecStart")][0]
+            assert runtime["spec"]["runner"] and not runtime["after_run"]
 
 
 @pytest.mark.parametrize("scenario, suite", CASES)

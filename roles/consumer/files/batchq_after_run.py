@@ -248,8 +248,8 @@ def main(args):
     except Exception as exc:  # pylint: disable=broad-except
         sys.stderr.write("batchq_after_run: times of %s unknown: %s\n" % (unit, exc))
         times = (time.time(), time.time(), [])
-    # A drain's runner writes its metrics after each batch itself.
-    writes_metrics = spec["metrics_folder"] and spec["backlog_exit_code"] is None
+    # A runner (a drain's, or a plain consumer's that waits for a slot) writes its metrics after each batch itself.
+    writes_metrics = spec["metrics_folder"] and not spec["runner"]
     for what, action in (("metrics", write_metrics if writes_metrics else None),
                          ("hooks", run_hooks if spec["hooks"] else None)):
         if action:

@@ -15,9 +15,12 @@ from the timer's elapse. Older systemd has no such cap, so `take` waits
 until one of the spec's running_max slots is free, then holds it until
 `give`, which runs when the unit stops, however it stops. A unit waits in
 its start-pre state, with its StatusText saying since when
-(consumer_protocol.slot_status_text); systemd does not count the wait against
-a consumer's timeout (EXTEND_TIMEOUT_USEC=). The first unit to wait is the
-first to get a slot.
+(consumer_protocol.slot_status_text). Such a unit has no start timeout: its
+batches run through the drain runner (batchq-drain), which times each batch
+out from the batch's own start, so the wait never counts against the
+consumer's timeout, even across a daemon-reload (which re-arms a start
+timeout from the start of the wait). The first unit to wait is the first to
+get a slot; a deploy that changes running_max counts from the waiters' next look.
 
 The slots are files in /run/batchq/slots, which a reboot empties: held/UNIT
 holds the invocation ID of the run that holds a slot, waiting/UNIT that of a
@@ -44,7 +47,7 @@ import batchq_journal  # noqa: E402 pylint: disable=wrong-import-position
 import consumer_protocol as protocol  # noqa: E402 pylint: disable=wrong-import-position
 
 FOLDER = "/run/batchq/slots"
-POLL = 0.1  # seconds between two looks at the slots while a unit waits
+POLL = 0.25  # seconds between two looks at the slots while a unit waits
 LIVENESS_EVERY = 1.0  # seconds between two checks of the holders' runs with systemd
 MIN_REPORTED = 0.1  # seconds: a shorter wait is counted in the metrics, not written to the journal
 C_ENV = {"LANG": "C", "LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -68,12 +71,14 @@ def read_entries(folder):
 
 
 def first_in_line(waiting, unit):
-    """Whether unit came first of the waiting units ({unit: [invocation, since]}),
-    or waits not at all. Ties go by name."""
+    """Whether unit came first of the waiting units ({unit: [invocation, since]}):
+    a unit that does not wait yet comes after all that do. Ties go by name."""
     def place(name):
         fields = waiting[name]
         return (float(fields[1]) if len(fields) > 1 else 0.0, name)
-    return unit not in waiting or min(waiting, key=place) == unit
+    if unit not in waiting:
+        return not waiting
+    return min(waiting, key=place) == unit
 
 
 def may_take(held, waiting, unit, slots):
@@ -145,12 +150,17 @@ class Slots:
             pass
 
 
-def take(slots, unit, invocation, running_max, extend_usec, live=live_runs, clock=time.monotonic, sleep=time.sleep,
+def take(slots, unit, invocation, cap, live=live_runs, clock=time.monotonic, sleep=time.sleep,
          notify=batchq_journal.notify):
-    """Wait until unit may take a slot, take it, and return the seconds waited."""
+    """Wait until unit may take a slot, take it, and return the seconds waited.
+    cap(): running_max as the spec says now (a deploy may change it while
+    units wait), None when there is no cap any more."""
     began, wall = clock(), time.time()
     checked = None
     while True:
+        running_max = cap()
+        if running_max is None:
+            break
         with slots:
             held, waiting = slots.entries("held"), slots.entries("waiting")
             others = [name for name in list(held) + list(waiting) if name != unit]
@@ -174,13 +184,10 @@ def take(slots, unit, invocation, running_max, extend_usec, live=live_runs, cloc
             if unit not in waiting:
                 slots.put("waiting", unit, [invocation, "%.6f" % clock()])
             taken = len([name for name in held if name != unit])
-        message = "STATUS=" + protocol.slot_status_text(wall, taken, running_max)
-        notify(message + ("\nEXTEND_TIMEOUT_USEC=%d" % extend_usec if extend_usec else ""))
+        notify("STATUS=" + protocol.slot_status_text(wall, taken, running_max))
         sleep(POLL)
     waited = clock() - began
-    # The batch's own timeout counts from now: systemd's start timeout is
-    # moved to this long from now (it never moves it earlier).
-    notify("STATUS=" + ("\nEXTEND_TIMEOUT_USEC=%d" % extend_usec if extend_usec else ""))
+    notify("STATUS=")
     return waited
 
 
@@ -252,9 +259,9 @@ def main(args):
         return 0
     spec = protocol.read_spec(args[1])
     if action == "take":
-        # a drain's runner times its batches out itself (TimeoutStartSec=infinity)
-        extend = spec["timeout_usec"] if spec["backlog_exit_code"] is None else 0
-        seconds = take(Slots(), unit, invocation, spec["running_max"], extend)
+        # The unit has no start timeout (TimeoutStartSec=infinity): its runner
+        # times each batch out from the batch's own start, however long this waits.
+        seconds = take(Slots(), unit, invocation, lambda: protocol.read_spec(args[1])["running_max"])
     else:
         seconds = waited_in_queue(unit)
         if seconds is None:
