@@ -6,8 +6,8 @@
 # scenario on all its hosts (Debian 11, 12, 13, and testing in `default`)
 # under the newest; and the short `compat` scenario under each other release
 # on one host, a different Debian for each, inside that release's target
-# Pythons (the support guide). Three
-# lanes run side by side, each part after part (see below).
+# Pythons (the support guide). Two
+# lanes run side by side, each part after part, about half the minutes in each.
 # It builds the images first (`make images controller-image`), and with
 # MATRIX_LINT=1 (`make test`) runs `make lint` and `make release-check` (Galaxy's
 # importer and ansible-builder on a tarball) meanwhile and `make rules` after.
@@ -21,45 +21,41 @@ cd "$(dirname "$0")/.."
 oldest=2.16 newest=2.21
 # The lanes are balanced by the minutes each part took (CONTRIBUTING.md).
 # Never two of the heaviest (default, faults, drain) side by side: together they
-# overload the two cores, and the timing tests of faults and drain fail. So
-# they share the first lane. The second holds the other parts that keep the
-# CPU busy (the queues' tests, the fleet). The third holds the parts that
-# mostly wait on their hosts' timers (compat, info, capacity) and the unit
-# tests: it fills the time the other two wait.
+# overload the two cores, and the timing tests of faults and drain fail. Nor
+# a third lane: the parts are bound by the two cores, not by their waits (a
+# run with a third lane for compat, info and capacity took default from 10.4
+# to 18.0 minutes).
 # A lane installs the releases of 2.20 and later itself (in the controller
 # image, a minute at most), before its first part under that release, so
-# that it need not wait for another lane. "after PART" waits until that
-# part of another lane is done.
+# that it need not wait for the other lane. "after PART" waits until that
+# part of the other lane is done.
 first=(
   "$newest collection"
   "$newest molecule SCENARIOS=default"
   "$newest molecule SCENARIOS=faults"
   "$newest molecule SCENARIOS=drain"
-)
-second=(
-  "2.22 collection"
-  "$oldest pgqueue"
-  "$oldest queues"
-  "after $newest collection"
-  "$newest molecule SCENARIOS=fleet"
-)
-third=(
-  "2.20 collection"
-  "$oldest unit sanity"
+  "$newest molecule SCENARIOS=capacity"
   "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
   "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
+  "2.20 collection"
   "2.20 molecule SCENARIOS=compat PLATFORM=debiantesting"
   "after 2.22 collection"
   "2.22 molecule SCENARIOS=compat PLATFORM=debiantesting"
+)
+second=(
+  "2.22 collection"
+  "$oldest unit sanity"
+  "$oldest pgqueue"
+  "$oldest queues"
   "after $newest collection"
   "$newest unit sanity"
   "$newest molecule SCENARIOS=info"
-  "$newest molecule SCENARIOS=capacity"
+  "$newest molecule SCENARIOS=fleet"
 )
 setup() { grep -E "$@" -e ' collection$' -e '^after '; }
 # MATRIX_ONLY keeps the parts it matches, and the set-ups of their releases
-used=$(printf '%s\n' "${first[@]}" "${second[@]}" "${third[@]}" | setup -v | { grep -E -- "${MATRIX_ONLY:-.}" || true; } | cut -d' ' -f1 | sort -u)
+used=$(printf '%s\n' "${first[@]}" "${second[@]}" | setup -v | { grep -E -- "${MATRIX_ONLY:-.}" || true; } | cut -d' ' -f1 | sort -u)
 only() {
   local part release
   for part in "$@"; do
@@ -74,7 +70,6 @@ only() {
 }
 mapfile -t first < <(only "${first[@]}")
 mapfile -t second < <(only "${second[@]}")
-mapfile -t third < <(only "${third[@]}")
 jobs=2
 logs=.cache/matrix
 rm -rf "$logs" && mkdir -p "$logs"
@@ -130,7 +125,7 @@ start=$SECONDS
 # install in the controller image, in a lane. The alert rules' check runs
 # in a lane too, after this step, because it may run apt-get, as the engine's
 # install does (one apt at a time).
-mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" "${third[@]}" | grep -v -e '^after ' -e ' collection$' |
+mapfile -t setups < <(printf '%s\n' "${first[@]}" "${second[@]}" | grep -v -e '^after ' -e ' collection$' |
   cut -d' ' -f1 | sort -uV | sed 's/$/ collection/')
 local_setups=()
 for setup in "${setups[@]}"; do
@@ -143,7 +138,6 @@ options=(-o collection)
 if ! failed >/dev/null; then
   lane "${first[@]}" &
   lane ${MATRIX_LINT:+"make rules"} "${second[@]}" &
-  lane "${third[@]}" &
   wait
 fi
 

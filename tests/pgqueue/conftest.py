@@ -150,7 +150,19 @@ def server():
         yield
 
 
-@pytest.fixture(params=sorted(CLIENTS))
+def pytest_generate_tests(metafunc):
+    """Each test under both drivers; one marked `one_driver` (what it checks is the
+    server's or the consumer's own logic, never the driver's) under psycopg 3 alone."""
+    if "client" in metafunc.fixturenames:
+        drivers = ["psycopg3"] if metafunc.definition.get_closest_marker("one_driver") else sorted(CLIENTS)
+        metafunc.parametrize("client", drivers, indirect=True)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "one_driver: the test checks no driver's code, and runs under psycopg 3 alone")
+
+
+@pytest.fixture
 def client(request, server):
     return Client(request.param)
 

@@ -137,6 +137,7 @@ def test_a_job_that_outlasts_its_job_timeout_fails_alone(client, queue):
     assert "job %s attempt 1 failed: its work outlasted --job-timeout (4s)" % job_id(queue, 2) in output, output
 
 
+@pytest.mark.one_driver
 def test_max_seconds_ends_a_batch_that_would_outlast_its_timeout(client, queue):
     enqueue(client, queue, 10)
     code, output = client.run("batchq-pgqueue", "--queue", queue, "--limit", "20", "--work-ms", "500",
@@ -217,6 +218,7 @@ def test_a_drain_stopped_in_a_batch_ends_as_a_success(client, queue):
     assert got.get("done", 0) == 10 + ends[-1]["done"] and got.get("queued", 0) == 20 - ends[-1]["done"], (got, ends)
 
 
+@pytest.mark.one_driver
 def test_the_records_stay_bounded(client, queue):
     state = "/tmp/" + queue
     enqueue(client, queue, 400)
@@ -385,6 +387,7 @@ def test_an_outage_is_a_failed_run_and_backs_off(client, queue):
     assert code == 0 and states(queue) == {"done": 10, "queued": 10}, output
 
 
+@pytest.mark.one_driver
 def test_the_default_backoff_outlasts_a_day_of_outage(client):
     # from the consumer's own defaults, each wait the shortest its jitter allows
     script = """import argparse, sys
@@ -426,6 +429,7 @@ def batch_session(token, columns):
     return sql("SELECT %s FROM pg_stat_activity WHERE application_name LIKE '%%/%s#%%'" % (columns, token))
 
 
+@pytest.mark.one_driver
 def test_a_live_batchs_jobs_are_not_taken_however_old_their_claim(client, queue):
     # A batch at work holds its jobs by its session's claim lock, not by the age of their claim.
     state, token = "/tmp/" + queue, uuid.uuid4().hex[:12]
@@ -585,6 +589,7 @@ def test_a_sigterm_before_the_claim_claims_nothing(client, queue):
     assert not claimed(client, state)
 
 
+@pytest.mark.one_driver
 def test_a_job_an_older_consumer_claimed_is_taken_back_only_past_the_grace(client, queue):
     # A consumer of before claim_lock held a running job by its batch's row lock. Such a job, when no
     # transaction locks it, is taken back CLAIM_GRACE after its claim (its claim and lock were two steps).
@@ -617,6 +622,7 @@ def ages(queue):
     return got, results(queue)
 
 
+@pytest.mark.one_driver
 def test_done_jobs_older_than_keep_done_days_are_deleted_a_chunk_a_batch(client, queue):
     state = "/tmp/" + queue
     done_jobs(queue, (2 * PRUNE_ROWS + 500, "8 days"))
@@ -691,6 +697,7 @@ CREATE INDEX IF NOT EXISTS batchq_results_job ON batchq_results (job_id);
 """
 
 
+@pytest.mark.one_driver
 def test_schema_sql_upgrades_a_table_of_the_first_version_in_place(client):
     # In a schema of its own (the consumer finds it by search_path), as database.yml applies it.
     schema = "first_" + client.driver
@@ -766,6 +773,7 @@ def test_a_payload_python_cannot_read_fails_or_is_done_but_never_stalls_the_queu
     assert "committed: 5 jobs claimed" in output, output
 
 
+@pytest.mark.one_driver
 @pytest.mark.parametrize("options, named", [
     (["--limit", "-5"], "--limit"), (["--max-attempts", "0"], "--max-attempts"),
     (["--max-attempts", "1100"], "--max-attempts"), (["--backoff-base", "0"], "--backoff-base"),

@@ -127,8 +127,8 @@ def test_never_more_batches_at_once_than_the_budget_runs_and_every_job_done_once
         # 258 on, a start waits in systemd's queue, before its unit starts.)
         if systemd_version(host) < 258:
             wait_for(lambda: waited_past_timeout(host), 60, "a plain consumer to wait longer than its timeout")
-        for _ in range(3):
-            host.check_output("systemctl daemon-reload")
+        for reload in range(3):
+            assert host.run("systemctl daemon-reload").rc == 0, reload
         wait_for(lambda: all(counts == (0, 0) for counts in left(host).values()), 180, "every queue to drain",
                  interval=1)
         drained = time.time() - began
