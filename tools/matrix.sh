@@ -35,7 +35,6 @@ first=(
   "$newest molecule SCENARIOS=faults"
   "$newest molecule SCENARIOS=drain"
   "$newest molecule SCENARIOS=capacity"
-  "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
   "2.18 molecule SCENARIOS=compat PLATFORM=debian12"
   "2.19 molecule SCENARIOS=compat PLATFORM=debian13"
   "2.20 collection"
@@ -52,6 +51,7 @@ second=(
   "$newest unit sanity"
   "$newest molecule SCENARIOS=info"
   "$newest molecule SCENARIOS=fleet"
+  "$oldest molecule SCENARIOS=compat PLATFORM=debian11"
 )
 setup() { grep -E "$@" -e ' collection$' -e '^after '; }
 # MATRIX_ONLY keeps the parts it matches, and the set-ups of their releases

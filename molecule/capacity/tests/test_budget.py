@@ -16,8 +16,8 @@ import re
 import shlex
 import time
 
-from testlib import (consumer_info, figure, on_every_host_at_once, scenario_vars, show, span_seconds, systemd_version,
-                     wait_for)
+from testlib import (assert_deployed, consumer_info, deploy, figure, on_every_host_at_once, scenario_vars, show,
+                     span_seconds, systemd_version, wait_for)
 
 DRAIN_JOBS, PLAIN_JOBS = 60, 10  # a drain's batches hold its slot for about 12 s
 CONSUMERS = [consumer["name"] for consumer in scenario_vars()["consumer_list"]]
@@ -162,3 +162,11 @@ def test_a_start_that_waited_for_a_slot_did_not_fail_and_its_wait_is_reported(ho
     assert counted >= sum(waits["plain-a"] + waits["plain-b"]) - 0.001, (counted, waits)
     figure("capacity: the longest wait of a plain consumer for a slot on %s: %.1f s (timeout %.0f s)"
            % (host.backend.get_hostname(), max(waits["plain-a"] + waits["plain-b"]), timeout))
+
+
+def test_removing_every_consumer_leaves_no_slice_no_slot_and_no_helper(hosts):
+    assert_deployed(deploy([], consumer_exclusive=True))
+    for host in hosts:
+        left = host.run("ls -d /usr/local/lib/batchq /etc/systemd/system/batchq.slice /etc/systemd/system/batchq-* "
+                        "/run/batchq 2>/dev/null").stdout
+        assert left == "", (host.backend.get_hostname(), left)

@@ -136,8 +136,8 @@ def test_removing_the_last_consumer_leaves_no_helper_behind(hosts):
         assert host.file("/usr/local/lib/batchq/batchq-drain").exists  # chatty drains
     assert_deployed(deploy([], consumer_exclusive=True))
     for host in hosts:
-        left = host.run("ls -d /usr/local/lib/batchq %s/batchq.continue@.service %s/batchq-* 2>/dev/null",
-                        UNIT_DIR, UNIT_DIR).stdout
+        left = host.run("ls -d /usr/local/lib/batchq %s/batchq.continue@.service %s/batchq.slice %s/batchq-* 2>/dev/null",
+                        UNIT_DIR, UNIT_DIR, UNIT_DIR).stdout
         assert left == "", left
     assert_deployed(deploy(consumers(long={"state": "absent"})))  # back for the tests that follow
     soon = [c for c in consumers() if c["name"] != "long" and "1h" not in str(c.get("start_delay"))]
