@@ -15,7 +15,6 @@ first (batchq_slots.py, ExecStartPre=), and gives it back when it stops.
 
 from __future__ import annotations
 
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import SLICE_UNIT  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import CPU_QUOTA_RE, MEMORY_RE
 
 __metaclass__ = type

@@ -5,8 +5,8 @@
 
 The planner makes one spec per consumer that runs a host-side program: the
 drain runner (backlog_exit_code), the after-run writer (metrics, failure
-hooks) or the slots of the host's budget (consumer_budget.running_max). The role installs it as JSON beside those programs, root's and
-readable by all: it never holds a secret, only the paths systemd loads them
+hooks) or the slots of the host's budget (consumer_budget.running_max). The
+role installs it as JSON beside those programs, root's and readable by all: it never holds a secret, only the paths systemd loads them
 from. The unit files pass its path (--spec) and the unit's name (--unit %n);
 the programs read everything else from it. A change to what they need is a
 change here and in the program that reads it, not in a command line.
@@ -86,11 +86,11 @@ def runtime_spec(unit, settings, encrypted, queued_starts=False):
         "metrics_folder": metrics_folder(settings["metrics_dir"], settings["prefix"], unit["name"])
         if settings["metrics"] else None,
         "hooks": unit["hooks"],
-        # loaded into each hook's own unit: LoadCredentialEncrypted= or LoadCredential=
         # the host's cap on the consumer units that run at once (batchq_slots.py)
         "running_max": running_max(settings),
-        # whether the unit runs its batches through batchq-drain
+        # whether the unit runs its batches through batchq-drain: the template asks this, never again
         "runner": runs_runner(unit, settings, queued_starts),
+        # loaded into each hook's own unit: LoadCredentialEncrypted= or LoadCredential=
         "hook_credentials": {
             "encrypted": bool(encrypted),
             "load": ["%s:%s" % (entry["name"], entry["encrypted_path" if encrypted else "path"])
