@@ -41,12 +41,17 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}
 # have no package mirror of their own. sudo is there to test become with it;
 # node_exporter serves the consumers' metrics; psycopg runs the PostgreSQL
 # example consumer (bullseye has only psycopg2, which it uses there), and
-# pgbouncer its local pooler (examples/postgresql_queue/pooler.yml).
+# pgbouncer its local pooler (examples/postgresql_queue/pooler.yml). boto3
+# runs the SQS example consumer on the fleet scenario's workers, and Debian
+# 13's moto (with flask-cors, which its server needs) the fleet's stand-in for
+# SQS and DynamoDB (molecule/fleet/files/batchq-moto); in the image, the
+# fleet's prepare step has no apt to run.
 packages=
 if [ -z "$bare" ]; then
-  packages=dbus,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer
+  packages=dbus,procps,iproute2,sudo,prometheus-node-exporter,pgbouncer,python3-boto3
   case $suite in
     bullseye) packages+=,python3-psycopg2 ;;
+    trixie) packages+=,python3-psycopg,python3-moto,python3-flask-cors ;;
     *) packages+=,python3-psycopg ;;
   esac
 fi
