@@ -248,6 +248,12 @@ def test_poison_jobs_end_dead_after_exactly_their_attempts():
                                  "raise|%d|%d|f|t" % (RAISING, MAX_ATTEMPTS)], rows
     assert sql("SELECT count(*) FROM batchq_jobs WHERE state = 'dead' AND (payload->>'fail')::boolean") \
         == str(FAILING)
+    # when the drain's last job was done, and the last poison job's last attempt claimed: what bounds the drain
+    last_done, last_dead = map(float, sql("SELECT max(extract(epoch FROM done_at)) FILTER (WHERE state = 'done'), "
+                                          "max(extract(epoch FROM claimed_at)) FILTER (WHERE state = 'dead') "
+                                          "FROM batchq_jobs").split("|"))
+    figure("fleet: the last job done %.0f s into the drain, the last poison job's last attempt %.0f s into it"
+           % (last_done - FLEET["start"], last_dead - FLEET["start"]))
 
 
 def test_the_drain_never_stalled_while_poison_jobs_were_retried():
