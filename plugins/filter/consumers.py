@@ -26,6 +26,8 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names im
     DRAIN_RUNNER,
     HOOKS_STATE_DIR,
     SECRETS_DIR,
+    SCALE,
+    SCALE_UNIT,
     SLICE_UNIT,
     SLOTS,
     UNIT_DIR,
@@ -49,7 +51,8 @@ __metaclass__ = type
 # written down once for the Python and the role alike.
 NAMES = {"account": DEFAULT_ACCOUNT, "secrets_dir": SECRETS_DIR, "unit_dir": UNIT_DIR,
          "drain_runner": DRAIN_RUNNER, "continue_unit": CONTINUE_UNIT, "after_run": AFTER_RUN,
-         "hooks_state_dir": HOOKS_STATE_DIR, "slice_unit": SLICE_UNIT, "slots": SLOTS}
+         "hooks_state_dir": HOOKS_STATE_DIR, "slice_unit": SLICE_UNIT, "slots": SLOTS,
+         "scale": SCALE, "scale_unit": SCALE_UNIT}
 
 
 def consumers(value, defaults=None, prefix=DEFAULT_PREFIX):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit, unit_re
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import SCALE_UNIT, starter_unit, unit_re
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runtime import SCALE_FOLDER
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec import MAX_INSTANCES
 
 __metaclass__ = type
 
@@ -28,6 +30,24 @@ def _timers_of(prefix, name, template):
     unit = prefix + name
     timers = unit + "@*.timer" if template else loaded_only(unit + ".timer")
     return {timers, unit + ".*start.timer"}
+
+
+def _range_of(prefix, name, kept=None):
+    """Stop patterns of what a range of instances has beside its timers: its
+    path unit, the scaler's unit of it (to forget it if it failed), and, when
+    the consumer stays with kept instances, the timers above kept, which a
+    backlog may have woken (never enabled, so no link names them)."""
+    stem = prefix + name
+    patterns = {loaded_only(stem + ".path"), loaded_only(SCALE_UNIT.replace("@.", "@%s." % stem))}
+    if kept is not None:
+        patterns.update(loaded_only("%s@%d.timer" % (stem, number)) for number in range(kept + 1, MAX_INSTANCES + 1))
+    return patterns
+
+
+def _scale_records(prefix, name):
+    """The scaler's record of a consumer in /run (batchq_scale.py)."""
+    path = "%s/%s%s.json" % (SCALE_FOLDER, prefix, name)
+    return {path, path + ".lock"}
 
 
 def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
@@ -56,13 +76,23 @@ def leftovers(host_paths, consumers, prefix="batchq-", exclusive=False):
             if name not in listed and not exclusive:
                 continue
             removed.add(name)
-            stop.update(_timers_of(prefix, name, template))
+            stop.update(_range_of(prefix, name) if kind == "path" else _timers_of(prefix, name, template))
             drain.update([prefix + name + ".service", prefix + name + "@*.service"])
-            remove.add(path)
+            remove.update({path} | (_scale_records(prefix, name) if kind == "path" else set()))
             continue
         in_wants = posixpath.basename(posixpath.dirname(path)).endswith(".wants")
         if match.group("dropin"):
             continue  # the user's own drop-ins of a consumer that stays
+        if kind == "path":
+            if not consumer.get("scale"):
+                # Its instances are no longer a range. Those above the count end; one instance is
+                # another shape, whose instances all end (below).
+                count = consumer["instances"]
+                stop.update(_range_of(prefix, name, count if count > 1 else None))
+                drain.update(loaded_only("%s%s@%d.service" % (prefix, name, number))
+                             for number in range(count + 1, MAX_INSTANCES + 1) if count > 1)
+                remove.update({path} | _scale_records(prefix, name))
+            continue
         if in_wants:
             timer = posixpath.basename(path)
             if kind == "timer" and timer not in consumer["timers"]:

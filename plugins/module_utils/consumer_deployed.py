@@ -47,19 +47,22 @@ def timer_settings(text):
     """What a resume needs from a consumer's timer file, and the role's record.
 
     Returns {"start_delay", "accuracy", "jitter", "instances" (int or None),
-    "state", "metrics_dir" (or None)}. A file written before the role kept its
+    "min_instances" (int, or None when they are not a range), "state",
+    "metrics_dir" (or None)}. A file written before the role kept its
     record ([X-Batchq]) gives instances None, state "present" and no metrics_dir.
     """
     sections = unit_file_sections(text)
     timer = sections.get("Timer", [])
     record = dict(sections.get(SECTION, []))
     instances = record.get("Instances", "")
+    least = record.get("MinInstances", "")
     return {
         # OnBootSec= is the consumer's start_delay (consumer.timer.j2)
         "start_delay": _first(timer, "OnBootSec", "0"),
         "accuracy": _first(timer, "AccuracySec", "1s"),
         "jitter": _first(timer, "RandomizedDelaySec", "0"),
         "instances": int(instances) if instances.isdigit() and int(instances) > 0 else None,
+        "min_instances": int(least) if least.isdigit() and int(least) > 0 else None,
         "state": record.get("State", "present"),
         "metrics_dir": record.get("Metrics") or None,
     }
@@ -81,14 +84,18 @@ def deployed_consumer(name, prefix, settings, loaded_instances):
         if not numbers:
             return None
         timers = ["%s@%s.timer" % (unit, number) for number in numbers]
+    # Instances as a range: a resume and a run start those up to min; the
+    # others wake with a backlog. A pause and a wait take all.
+    scheduled = timers[:settings.get("min_instances") or len(timers)]
     return {
         "name": name,
         "state": settings["state"],
         "instances": len(timers),
         "timers": timers,
         "services": [timer[:-len(".timer")] + ".service" for timer in timers],
+        "scheduled_services": [timer[:-len(".timer")] + ".service" for timer in scheduled],
         "starts": [{"timer": timer, "delay": settings["start_delay"], "accuracy": settings["accuracy"],
-                    "jitter": settings["jitter"]} for timer in timers],
+                    "jitter": settings["jitter"]} for timer in scheduled],
         "metrics_dir": settings["metrics_dir"],
     }
 

@@ -13,6 +13,8 @@ it is empty (a link to nothing would be a scrape error).
 <prefix><name>.paused.prom holds batchq_consumer_paused, 1 while the consumer
 is paused on purpose, for the alert rules: a file of its own, which no batch
 writes. Consumer names have no dot, so no consumer's file is called so.
+<prefix><name>.scale.prom holds batchq_consumer_active_instances of a consumer
+whose instances are a range: root's too, written by batchq_scale.py.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def metrics_files(consumers, folder, prefix, enabled=True, paused=None, only_pau
         if only_paused:
             entries.append(paused_file)
         elif not enabled:
-            entries += [{"path": stem + suffix, "state": "absent"} for suffix in (".prom", ".paused.prom", ".d")]
+            entries += [{"path": stem + suffix, "state": "absent"}
+                        for suffix in (".prom", ".paused.prom", ".scale.prom", ".d")]
         else:
             owner = {"owner": consumer["user"], "group": consumer["group"]}
             entries += [
@@ -56,4 +59,6 @@ def metrics_files(consumers, folder, prefix, enabled=True, paused=None, only_pau
                 {"path": stem + ".prom", "state": "link", "src": "%s%s.d/metrics.prom" % (prefix, consumer["name"])},
                 paused_file,
             ]
+            if not consumer.get("scale"):  # its instances are no longer a range
+                entries.append({"path": stem + ".scale.prom", "state": "absent"})
     return entries

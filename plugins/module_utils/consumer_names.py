@@ -23,6 +23,13 @@ AFTER_RUN = "/usr/local/lib/batchq/batchq_after_run.py"
 HOOKS_STATE_DIR = "/var/lib/batchq-hooks"
 # OnSuccess= of such a consumer: its drain goes on after a deploy (templates/consumer.continue.j2).
 CONTINUE_UNIT = "batchq.continue@.service"
+# Wakes one more instance of a consumer whose instances are a range, and puts
+# one to sleep after its run (roles/consumer/files/batchq_scale.py); its unit
+# batchq.scale@<prefix><name>.service is started by the consumer's path unit.
+SCALE = "/usr/local/lib/batchq/batchq_scale.py"
+SCALE_UNIT = "batchq.scale@.service"
+# Where systemd makes each consumer's StateDirectory=: <dir>/<name>.
+STATE_DIR = "/var/lib/batchq"
 # The slice of every consumer unit of the host, whatever its prefix: the host's budget (consumer_budget).
 SLICE_UNIT = "batchq.slice"
 # Waits for a slot of that budget on systemd before 258, and reports each wait
@@ -30,9 +37,10 @@ SLICE_UNIT = "batchq.slice"
 SLOTS = "/usr/local/lib/batchq/batchq_slots.py"
 
 # A consumer's units: <prefix><name>.service/.timer, or with instances the
-# templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*
+# templates <prefix><name>@.service/.timer and their instances <prefix><name>@N.*;
+# with a range of instances, its path unit <prefix><name>.path too.
 _UNIT_PATTERN = (r"^%s(?P<name>[a-z0-9][a-z0-9_-]*)(?P<at>@(?P<instance>[^.]*))?"
-                 r"\.(?P<kind>service|timer)(?P<dropin>\.d)?$")
+                 r"\.(?P<kind>service|timer|path)(?P<dropin>\.d)?$")
 
 
 def unit_re(prefix=DEFAULT_PREFIX):

@@ -21,7 +21,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_budget i
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import differs, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT, SLICE_UNIT
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT, SCALE_UNIT, SLICE_UNIT
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runtime import (
     SPEC_FOLDER,
     running_max,
@@ -51,7 +51,9 @@ SLOT_HELPERS = ("batchq_slots.py", "batchq_journal.py", "batchq_metrics.py")
 # What every helper imports: the run protocol (a link in the role's files to
 # module_utils/consumer_protocol.py, which consumer_info imports too).
 SHARED_HELPERS = ("consumer_protocol.py",)
-HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS + ("batchq_slots.py",) + SHARED_HELPERS
+# Wakes and puts to sleep the instances of a range.
+SCALE_HELPERS = ("batchq_scale.py",)
+HELPERS = DRAIN_HELPERS + AFTER_RUN_HELPERS + ("batchq_slots.py",) + SCALE_HELPERS + SHARED_HELPERS
 
 
 def _unique(values):
@@ -155,11 +157,23 @@ def other_shape(service_unit):
 
 
 def timer_starts(units):
-    """Each present consumer's timers, as consumer_units starts them: start_delay
-    later, with its accuracy and jitter."""
+    """Each present consumer's scheduled timers, as consumer_units starts them:
+    start_delay later, with its accuracy and jitter. Instances as a range:
+    those up to min (the others wake with a backlog), and the path unit that
+    wakes them, now, also while the consumer is paused (its scaler wakes none
+    then), so that a resume needs nothing more."""
     return [{"consumer": unit["name"], "start": {"timer": timer, "delay": unit["spans"]["start_delay"],
                                                  "accuracy": unit["spans"]["accuracy"], "jitter": unit["spans"]["jitter"]}}
-            for unit in units if unit["state"] == "present" for timer in unit["timers"]]
+            for unit in units if unit["state"] == "present" for timer in unit["scheduled_timers"]] + [
+        {"consumer": unit["name"], "start": {"timer": unit["scale"]["path_unit"], "delay": "0"}}
+        for unit in installed(units) if unit["scale"]]
+
+
+def dormant_timers(units):
+    """The timers of present consumers that a backlog wakes, and a deploy never
+    enables (a reboot brings the consumer back to min): those above min."""
+    return [timer for unit in units if unit["state"] == "present"
+            for timer in unit["timers"] if timer not in unit["scheduled_timers"]]
 
 
 def helper_files(units, settings, queued_starts=False):
@@ -173,6 +187,8 @@ def helper_files(units, settings, queued_starts=False):
         names += AFTER_RUN_HELPERS
     if kept and running_max(settings) is not None:
         names += SLOT_HELPERS
+    if any(unit["scale"] for unit in kept):
+        names += SCALE_HELPERS
     if not names:
         return []
     names = _unique(names + list(SHARED_HELPERS))
@@ -231,33 +247,35 @@ def switched_units(timer):
 
 
 def timers_to_set(units):
-    """The timers whose state the role sets: those of present and paused consumers."""
-    return [timer for unit in installed(units) for timer in unit["timers"]]
+    """The timers whose state the role sets: those of present and paused
+    consumers, and the path units of ranges of instances."""
+    return [timer for unit in installed(units) for timer in unit["timers"]] + [
+        unit["scale"]["path_unit"] for unit in installed(units) if unit["scale"]]
 
 
-def timers_to_switch(start, stop, states):
-    """The timers of start and stop that are not yet as the consumer_units
-    module leaves them, by the states consumer_preflight reported (the
-    module's own rule, timer_changes())."""
+def timers_to_switch(start, stop, states, disable=()):
+    """The timers of start, stop and disable that are not yet as the
+    consumer_units module leaves them, by the states consumer_preflight
+    reported (the module's own rule, timer_changes())."""
     def file_state(unit):
         return (states.get(unit) or {}).get("UnitFileState", "")
 
     def active(unit):
         return (states.get(unit) or {}).get("ActiveState", "") in ON
 
-    to_enable, to_schedule, to_stop = timer_changes([entry["timer"] for entry in start], stop, file_state, active)
-    return _unique(to_enable + to_schedule + to_stop)
+    to_enable, to_schedule, to_stop, to_disable = timer_changes([entry["timer"] for entry in start], stop, file_state,
+                                                                active, disable)
+    return _unique(to_enable + to_schedule + to_stop + to_disable)
 
 
 def owned_stale_units(stale, kept, prefix):
     """The unit files of stale (consumer_preflight's stale_units) that are the
-    units of consumers that stay, the drains' continuation unit or the slice
-    of the host's budget: those the
-    role has systemd load. A unit of the prefix the list does not name is
+    units of consumers that stay, the drains' continuation unit, the slice
+    of the host's budget or the scaler's unit: those the role has systemd load. A unit of the prefix the list does not name is
     someone else's (without consumer_exclusive), and its drain runs on."""
     owned = {prefix + unit["name"] for unit in kept}
     return [name for name in stale
-            if name in (CONTINUE_UNIT, SLICE_UNIT) or re.sub(r"(@[^.]*)?\.[a-z]+\Z", "", name) in owned]
+            if name in (CONTINUE_UNIT, SLICE_UNIT, SCALE_UNIT) or re.sub(r"(@[^.]*)?\.[a-z]+\Z", "", name) in owned]
 
 
 def with_texts(files, read):
@@ -328,6 +346,7 @@ def plan(units, answers, settings, host="this host", sources=None):
     starts = timer_starts(units)
     start = [entry["start"] for entry in starts if entry["consumer"] not in reshaped]
     stop = [timer for unit in units if unit["state"] == "paused" for timer in unit["timers"]]
+    disable = dormant_timers(units)
     return {
         # what the plan was made from, besides the host's answers (the templates read them too)
         "settings": settings,
@@ -346,10 +365,12 @@ def plan(units, answers, settings, host="this host", sources=None):
         "start": start,
         "start_after_removal": [entry["start"] for entry in starts if entry["consumer"] in reshaped],
         "stop": stop,
-        # The timers of start and stop that are not as wanted yet, and the unit
-        # files systemd has not loaded: with neither, and no unit file to
-        # write, the role leaves the timers alone.
-        "timers_to_switch": timers_to_switch(start, stop, answers["unit_states"]),
+        # the timers above min of ranges of instances: an awake one is left to go dormant itself
+        "disable": disable,
+        # The timers of start, stop and disable that are not as wanted yet, and
+        # the unit files systemd has not loaded: with neither, and no unit file
+        # to write, the role leaves the timers alone.
+        "timers_to_switch": timers_to_switch(start, stop, answers["unit_states"], disable),
         "stale_units": owned_stale_units(answers["stale_units"], kept, settings["prefix"]),
         # The values never pass through the plan: the one task that writes them
         # reads them, and runs only when a consumer has some.

@@ -26,6 +26,7 @@ import calendar
 import json
 import re
 import signal
+import sys
 import time
 
 __metaclass__ = type
@@ -194,6 +195,49 @@ def batch_journal_matches(main_pid, status):
     return ["_PID=%s" % main_pid, "BATCHQ_BATCH=%d" % status["number"]]
 
 
+def parse_show(text):
+    """`systemctl show` of several units: {Id: {property: value}}."""
+    units = {}
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if fields.get("Id"):
+            units[fields["Id"]] = fields
+    return units
+
+
+# How often a drain asks for one more instance at most (seconds), and how long
+# the scaler's word that no instance may wake now holds (all are awake, or one
+# it woke still waits for its first batch): a drain then asks no more for a
+# while, and a wait for a slot does not run the scaler once a second per drain.
+ASK_EVERY = 1.0
+NO_WAKE_TRUSTED = 5.0
+
+
+def ask_for_instance(scale, unit, asked_at, clock=time.monotonic, wall=time.time):
+    """A drain's request for one more instance of a range (batchq_scale.py):
+    unit's name in the spec's scale request file, which the consumer's path
+    unit watches. Not within ASK_EVERY of its last request (asked_at, on
+    clock), nor while the scaler's status, written within NO_WAKE_TRUSTED,
+    says that no instance may wake. Returns when it asked (asked_at when it
+    did not); never fails the drain."""
+    now = clock()
+    if asked_at is not None and now - asked_at < ASK_EVERY:
+        return asked_at
+    try:
+        with open(scale["status"], encoding="utf-8") as handle:
+            status = json.load(handle)
+        if (status["awake"] >= status["max"] or status["pending"]) and 0 <= wall() - status["written"] < NO_WAKE_TRUSTED:
+            return asked_at
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no record yet: ask
+    try:
+        with open(scale["request"], "w", encoding="utf-8") as handle:
+            handle.write(unit + "\n")
+    except OSError as exc:
+        sys.stderr.write("batchq-drain: cannot ask for one more instance: %s\n" % exc)
+    return now
+
+
 # The runtime spec's version and fields, with the types the programs rely on
 # (consumer_runtime.runtime_spec() writes them).
 SPEC_VERSION = 1
@@ -205,8 +249,8 @@ SPEC_FIELDS = {
 # Fields a spec written by an earlier release of the role lacks, with the value they then have:
 # another unit prefix's consumers keep their specs until their own deploy. runner: whether the
 # unit runs its batches through batchq-drain (a drain, or a plain consumer that waits for a slot).
-SPEC_DEFAULTS = {"running_max": None, "runner": None}
-SPEC_OPTIONAL = {"running_max": (int, type(None)), "runner": (bool, type(None))}
+SPEC_DEFAULTS = {"running_max": None, "runner": None, "scale": None}
+SPEC_OPTIONAL = {"running_max": (int, type(None)), "runner": (bool, type(None)), "scale": (dict, type(None))}
 
 
 class SpecError(ValueError):

@@ -122,6 +122,34 @@ def consumer_units(text, prefix):
     return found
 
 
+def with_range(found, name, prefix, most):
+    """found (consumer_units()) with every instance of a consumer whose
+    instances are a range, 1 to most: one never woken since boot is not
+    loaded, and systemctl lists no such unit."""
+    found = {key: units for key, units in found.items() if key != name}
+    for number in range(1, most + 1):
+        key = "%s@%d" % (name, number)
+        if key not in found:
+            found[key] = {"service": "%s%s.service" % (prefix, key), "timer": "%s%s.timer" % (prefix, key),
+                          "starter": starter_unit("%s%s.timer" % (prefix, key))}
+    return found
+
+
+def dormant(reports, name, least):
+    """reports ({key: report}) with the instances of a range above least that
+    sleep shown as "dormant": their timer is stopped and disabled, as the
+    scaler leaves it, while the consumer is not paused (its first instance is
+    not). A timer that failed, or that is enabled, stays "stopped"."""
+    first = reports.get(name + "@1")
+    if first is None or first["state"] == "paused":
+        return reports
+    for key, report in reports.items():
+        number = key[len(name) + 1:] if key.startswith(name + "@") else ""
+        if number.isdigit() and int(number) > least and report["state"] == "paused":
+            report["state"] = "dormant"
+    return reports
+
+
 def template_show(units):
     """`systemctl show`-like dicts for a template without instances.
 

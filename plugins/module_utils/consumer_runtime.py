@@ -19,12 +19,16 @@ from __future__ import annotations
 import json
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_budget import host_budget
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import STATE_DIR
 
 __metaclass__ = type
 
 SPEC_VERSION = 1
 # The folder of the specs, in the helpers' folder.
 SPEC_FOLDER = "specs"
+# What the scaler of a range of instances keeps (batchq_scale.py): root's,
+# and gone at reboot, as the instances it woke are.
+SCALE_FOLDER = "/run/batchq/scale"
 
 
 def spec_path(helper_dir, prefix, name):
@@ -35,6 +39,24 @@ def spec_path(helper_dir, prefix, name):
 def metrics_folder(metrics_dir, prefix, name):
     """The folder a consumer's metrics file is written in (see consumer_metrics)."""
     return "%s/%s%s.d" % (metrics_dir, prefix, name)
+
+
+def scale_spec(unit, settings):
+    """What batchq-drain and batchq_scale.py need of a range of instances
+    (consumer_spec's scale), or None for a fixed count.
+
+    request: the file a drain writes to ask for one more instance, in its
+    StateDirectory= (writable in the sandbox), which the consumer's path unit
+    watches. status: the scaler's record of the instances it woke, which the
+    drain reads. metrics_file: batchq_consumer_active_instances, beside the
+    consumer's other textfiles."""
+    if not unit["scale"]:
+        return None
+    stem = settings["prefix"] + unit["name"]
+    return {"min": unit["scale"]["min"], "max": unit["scale"]["max"], "cooldown_usec": unit["scale"]["cooldown_usec"],
+            "request": "%s/%s/scale-request" % (STATE_DIR, unit["name"]),
+            "status": "%s/%s.json" % (SCALE_FOLDER, stem),
+            "metrics_file": "%s/%s.scale.prom" % (settings["metrics_dir"], stem) if settings["metrics"] else None}
 
 
 def runs_after_run(unit, metrics, runner):
@@ -83,6 +105,8 @@ def runtime_spec(unit, settings, encrypted, queued_starts=False):
         "stop_timeout_usec": unit["stop_timeout_usec"],
         "interval_usec": unit["interval_usec"],
         "preload": unit["preload"],
+        # instances as a range: how batchq-drain asks for one more, and batchq_scale.py wakes it
+        "scale": scale_spec(unit, settings),
         "metrics_folder": metrics_folder(settings["metrics_dir"], settings["prefix"], unit["name"])
         if settings["metrics"] else None,
         "hooks": unit["hooks"],

@@ -83,6 +83,11 @@ MERGED_KEYS = ("environment", "secret_environment", "credentials", "hook_credent
                "timer_options")
 STATES = ("present", "paused", "absent")
 MAX_INSTANCES = 64
+# instances as a range: {min, max, cooldown}. An instance woken above min
+# stays awake at least this long (KEDA's cooldownPeriod is 300 s too): a
+# stream that each batch empties does not wake and put it to sleep by turns.
+RANGE_KEYS = ("min", "max", "cooldown")
+DEFAULT_COOLDOWN = "5min"
 # A backlog exit is a success that starts the next batch at once, so it must
 # never be a status a crash gives: 1 (an uncaught exception, `set -e`), 2
 # (usage errors), 126-127 (cannot run), 128+N (killed, in a shell), 200-243
@@ -557,6 +562,34 @@ def _resources(name, item):
     return limits
 
 
+def _instances(name, value, backlog):
+    """(min, max, cooldown) of instances: a whole number is a fixed count
+    (min = max, no cooldown), a dict a range {min, max, cooldown}."""
+    if not isinstance(value, dict):
+        count = _as_int(name, "instances", value, 1, MAX_INSTANCES)
+        return count, count, None
+    unknown = sorted(str(key) for key in set(value) - set(RANGE_KEYS))
+    if unknown:
+        _fail(name, "instances", "%r is not a key of a range of instances (min, max, cooldown)" % unknown[0])
+    for key in ("min", "max"):
+        if key not in value:
+            _fail(name, "instances", "a range needs min and max, e.g. {min: 1, max: 4}; a whole number is a fixed count")
+    low = _as_int(name, "instances.min", value["min"], 1, MAX_INSTANCES)
+    high = _as_int(name, "instances.max", value["max"], 1, MAX_INSTANCES)
+    if low > high:
+        _fail(name, "instances", "min %d is more than max %d" % (low, high))
+    cooldown = str(value.get("cooldown", DEFAULT_COOLDOWN)).strip()
+    try:
+        if parse_timespan(cooldown) == float("inf"):
+            raise ValueError("must be a finite time span, got 'infinity'")
+    except ValueError as exc:
+        _fail(name, "instances.cooldown", str(exc))
+    if low < high and backlog is None:
+        _fail(name, "instances", "a range needs backlog_exit_code: an instance asks for another only while its"
+                                 " batches say more work waits")
+    return low, high, cooldown if low < high else None
+
+
 def _preload(name, modules, backlog):
     """The module names of preload, checked: a drain's alone."""
     if modules is None or modules == []:
@@ -590,7 +623,6 @@ def normalize_consumer(raw, defaults, prefix):
     if item["command"] is None and item["state"] != "absent":
         _fail(name, "command", "is required")
 
-    instances = _as_int(name, "instances", item["instances"], 1, MAX_INSTANCES)
     hardening = _as_bool(name, "hardening", item["hardening"])
     for field in ("user", "group"):
         if not ACCOUNT_RE.fullmatch(str(item[field])):
@@ -603,6 +635,7 @@ def normalize_consumer(raw, defaults, prefix):
     _check_timespans(name, item)
     backlog = None if item["backlog_exit_code"] is None else _as_int(
         name, "backlog_exit_code", item["backlog_exit_code"], *BACKLOG_CODES)
+    least, instances, cooldown = _instances(name, item["instances"], backlog)
     usec = {field: 0 if seconds == float("inf") else int(round(seconds * 1e6))
             for field, seconds in ((f, parse_timespan(item[f])) for f in LIMIT_KEYS)}
     argv = None if item["command"] is None else split_command(name, item["command"])
@@ -627,13 +660,22 @@ def normalize_consumer(raw, defaults, prefix):
     unit = prefix + name
     service = "%s%s.service" % (unit, "@" if instances > 1 else "")
     timer = "%s%s.timer" % (unit, "@" if instances > 1 else "")
+    timers = [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)]
     return {
         "name": name,
         "state": item["state"],
+        # the most instances, and those always scheduled: equal, unless instances is a range
         "instances": instances,
+        "min_instances": least,
+        # a range: instances above min wake while a backlog lasts (batchq_scale.py), and sleep when it is gone
+        "scale": None if cooldown is None else {
+            "min": least, "max": instances, "cooldown_usec": int(round(parse_timespan(cooldown) * 1e6)),
+            "path_unit": unit + ".path"},
         "service_unit": service,
         "timer_unit": timer,
-        "timers": [timer] if instances == 1 else ["%s@%d.timer" % (unit, i) for i in range(1, instances + 1)],
+        "timers": timers,
+        # the timers a deploy and a resume start; the others of a range wake with the backlog
+        "scheduled_timers": timers[:least],
         # the services those timers start, one per instance
         "services": [service] if instances == 1 else ["%s@%d.service" % (unit, i) for i in range(1, instances + 1)],
         "exec_start": None if argv is None else " ".join(systemd_quote(word) for word in argv),

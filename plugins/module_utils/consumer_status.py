@@ -65,8 +65,9 @@ def problems(reports, now, fail_on_failed=False, max_age=None):
                 # not paused by the role, yet nothing will start it: as bad as failing
                 found.append("%s on %s: stopped (timer enabled but inactive or failed, last result %s)"
                              % (key, host, last.get("result")))
-            # Only the role's pause and a batch in flight excuse a consumer for not finishing runs.
-            if max_age is not None and consumer["state"] not in ("paused", "running"):
+            # Only the role's pause, a batch in flight and an instance of a range that sleeps (no
+            # backlog) excuse a consumer for not finishing runs.
+            if max_age is not None and consumer["state"] not in ("paused", "running", "dormant"):
                 finished = _seconds(last.get("finished"))
                 if finished is None or now - finished > max_age:
                     found.append("%s on %s: no run ended in the last %gs" % (key, host, max_age))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import starter_unit
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_protocol import parse_show
 
 __metaclass__ = type
 
@@ -17,16 +18,6 @@ __metaclass__ = type
 LANG_C = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_COLORS": "0"}
 # The ActiveState of a unit that is on: a timer that waits, a run that starts.
 ON = ("active", "activating")
-
-
-def parse_show(text):
-    """`systemctl show` of several units: {Id: {property: value}}."""
-    units = {}
-    for block in re.split(r"\n\s*\n", text.strip()):
-        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if fields.get("Id"):
-            units[fields["Id"]] = fields
-    return units
 
 
 def unit_states(module, units):
@@ -63,16 +54,18 @@ def starter_units(timer):
     return [starter, starter[:-len(".timer")] + ".service"]
 
 
-def timer_changes(start, stop, file_state, active):
+def timer_changes(start, stop, file_state, active, disable=()):
     """What switching the timers changes: (the timers of start to enable, those
-    to schedule a start of, the timers of stop to stop), from file_state(unit)
-    (its UnitFileState) and active(unit) (active or activating). A timer to
-    start is enabled, and active or its start scheduled; one to stop is none
-    of these. The consumer_units module switches by it, and the planner tells
-    from it whether there is anything to switch."""
+    to schedule a start of, the timers of stop to stop, the timers of disable
+    to disable), from file_state(unit) (its UnitFileState) and active(unit)
+    (active or activating). A timer to start is enabled, and active or its
+    start scheduled; one to stop is none of these; one to disable is not
+    enabled, and left running. The consumer_units module switches by it, and
+    the planner tells from it whether there is anything to switch."""
     def scheduled(timer):
         return any(active(unit) for unit in starter_units(timer))
 
     return ([timer for timer in start if file_state(timer) != "enabled"],
             [timer for timer in start if not active(timer) and not scheduled(timer)],
-            [timer for timer in stop if file_state(timer) == "enabled" or active(timer) or scheduled(timer)])
+            [timer for timer in stop if file_state(timer) == "enabled" or active(timer) or scheduled(timer)],
+            [timer for timer in disable if file_state(timer) == "enabled"])

@@ -84,7 +84,7 @@ consumers:
       type: str
       sample: present
     instances:
-      description: Its number of instances.
+      description: Its number of instances (the most, when they are a range).
       type: int
       sample: 2
     timers:
@@ -97,8 +97,17 @@ consumers:
       type: list
       elements: str
       sample: [batchq-thumbs@1.service, batchq-thumbs@2.service]
+    scheduled_services:
+      description:
+        - The service units of the instances that are always scheduled, which C(consumer_control.yml run) starts.
+        - All of them, unless the instances are a range; then those up to its C(min). A backlog wakes the others.
+      type: list
+      elements: str
+      sample: [batchq-thumbs@1.service]
     starts:
-      description: The O(batchq.consumers.consumer_units#module:start) entries that start its timers as a deploy does.
+      description:
+        - The O(batchq.consumers.consumer_units#module:start) entries that start its timers as a deploy does.
+        - When its instances are a range, those up to its C(min) alone.
       type: list
       elements: dict
       sample: [{timer: batchq-thumbs@1.timer, delay: 5s, accuracy: 1s, jitter: "0"}]

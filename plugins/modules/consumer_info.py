@@ -110,16 +110,18 @@ consumers:
           the start is not lost. Each wait is counted in the metric C(batchq_consumer_slot_wait_seconds_total).
         - C(waiting) the timer is armed, or the role's starter timer will arm it after C(start_delay)
           (see RV(consumers.timer.next_run)), and the last run, if any, succeeded.
+        - C(dormant) an instance above C(min) of a consumer whose instances are a range. Its timer is off
+          until a backlog wakes it. Every instance up to C(max) is reported, woken since boot or not.
         - C(failed) as C(waiting), but the last run failed.
         - C(paused) the timer is stopped and disabled, as the role leaves a consumer with
-          C(state=paused). A paused consumer with instances is reported once, under its bare name,
-          with no runs, because systemd keeps no unit of its stopped and disabled instances, and nothing
-          on the host names them any more.
+          C(state=paused). A paused consumer with a fixed number of instances is reported once, under its
+          bare name, with no runs, because systemd keeps no unit of its stopped and disabled instances, and
+          nothing on the host names them any more. Each instance of a range is reported.
         - C(stopped) the timer is enabled but inactive (stopped by hand) or failed, and no starter
           timer is about to arm it, so no batch will run until someone starts it.
         - C(missing) named in O(names) but not installed.
       type: str
-      choices: [waiting, running, waiting-for-slot, failed, paused, stopped, missing]
+      choices: [waiting, running, waiting-for-slot, dormant, failed, paused, stopped, missing]
       sample: waiting
     timer:
       description: The consumer's timer; null when missing.
@@ -271,7 +273,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import SLICE_UNIT
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed import timer_settings
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import SLICE_UNIT, UNIT_DIR
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_protocol import BATCH_END, BATCH_FIELDS, RUN_START
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
     RUN_MESSAGES,
@@ -280,6 +283,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     TIMER_PROPERTIES,
     consumer_report,
     consumer_units,
+    dormant,
     group_journal,
     is_drain,
     iso,
@@ -291,6 +295,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     parse_runner,
     precise_timestamps,
     template_show,
+    with_range,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
@@ -444,6 +449,21 @@ def journal_refusal():
             % (user, ", ".join(sorted(files)) or "no journal file found", user))
 
 
+def instance_ranges(found, prefix):
+    """{name: (min, max)} of the consumers found whose instances are a range,
+    from the record ([X-Batchq]) in their timer template's file."""
+    ranges = {}
+    for name in sorted({key.split("@")[0] for key in found if "@" in key or "template" in found[key]}):
+        try:
+            with open("%s/%s%s@.timer" % (UNIT_DIR, prefix, name), encoding="utf-8") as handle:
+                settings = timer_settings(handle.read())
+        except OSError:
+            continue
+        if settings["min_instances"] and settings["instances"] and settings["min_instances"] < settings["instances"]:
+            ranges[name] = (settings["min_instances"], settings["instances"])
+    return ranges
+
+
 def wanted(found, names, prefix):
     """The consumers to report: every one found, or the named ones (missing if absent)."""
     if not names:
@@ -483,8 +503,11 @@ def main():
     # for each other run side by side.
     pool = ThreadPoolExecutor(max_workers=4)
     try:
-        chosen = wanted(consumer_units(host.units(params["prefix"], pool), params["prefix"]),
-                        params["names"], params["prefix"])
+        found = consumer_units(host.units(params["prefix"], pool), params["prefix"])
+        ranges = instance_ranges(found, params["prefix"])
+        for name, (least, most) in ranges.items():
+            found = with_range(found, name, params["prefix"], most)
+        chosen = wanted(found, params["names"], params["prefix"])
         # systemctl refuses to show a template: those come from template_show().
         shown = [units for units in chosen.values() if "template" not in units]
         timers_read = pool.submit(
@@ -571,6 +594,8 @@ def main():
     if errors:
         module.fail_json(msg="; ".join(errors), errors=errors)
     report = {key: consumer for key, consumer, said, error, shared_log in results}
+    for name, (least, most) in ranges.items():
+        report = dormant(report, name, least)
     for key, consumer, said, error, shared_log in results:
         for warning in said:
             module.warn(warning)

@@ -49,7 +49,8 @@ options:
   start:
     description:
       - Timers to enable and start. A timer that is already active, or whose start is already
-        scheduled, is left alone.
+        scheduled, is left alone. A path unit (the scale-up requests of a consumer whose instances
+        are a range) is enabled and started the same way.
     type: list
     elements: dict
     default: []
@@ -72,6 +73,13 @@ options:
         default: "0"
   stop:
     description: Timers to stop and disable, with a start that is still scheduled.
+    type: list
+    elements: str
+    default: []
+  disable:
+    description:
+      - Timers to disable and leave as they are, running or not. These are the instances above C(min)
+        of a consumer whose instances are a range. A backlog wakes them, and they go dormant themselves.
     type: list
     elements: str
     default: []
@@ -148,7 +156,7 @@ started:
   elements: str
   sample: [batchq-thumbs.timer]
 stopped:
-  description: Timers that were stopped or disabled.
+  description: Timers that were stopped and disabled (O(stop)), or only disabled (O(disable)).
   returned: always
   type: list
   elements: str
@@ -345,9 +353,9 @@ def stop_starters(module, starters):
             module.fail_json(msg="Failed to stop %s: %s" % (" ".join(left), err.strip()), rc=rc, stderr=err)
 
 
-def switch_timers(module, start, stop):
+def switch_timers(module, start, stop, disable=()):
     systemctl = module.get_bin_path("systemctl", required=True)
-    timers = [entry["timer"] for entry in start] + stop
+    timers = [entry["timer"] for entry in start] + stop + list(disable)
     starters = {timer: starter_units(timer) for timer in timers}
     states = unit_states(module, timers + [unit for pair in starters.values() for unit in pair])
 
@@ -357,7 +365,8 @@ def switch_timers(module, start, stop):
     def active(unit):
         return states.get(unit, ("", ""))[1] in ON
 
-    to_enable, scheduling, to_stop = timer_changes([entry["timer"] for entry in start], stop, file_state, active)
+    to_enable, scheduling, to_stop, to_disable = timer_changes([entry["timer"] for entry in start], stop, file_state,
+                                                               active, disable)
     to_schedule = [entry for entry in start if entry["timer"] in scheduling]
     if not module.check_mode:
         # Enabling reloads systemd; schedule the starts after it.
@@ -368,8 +377,10 @@ def switch_timers(module, start, stop):
         if to_stop:
             stop_starters(module, [unit for t in to_stop for unit in starters[t] if active(unit)])
             module.run_command([systemctl, "disable", "--now", "--"] + to_stop, check_rc=True)
+        if to_disable:
+            module.run_command([systemctl, "disable", "--"] + to_disable, check_rc=True)
     started = sorted(set(to_enable) | {e["timer"] for e in to_schedule})
-    return started, to_stop, [timer[:-len(".timer")] + ".service" for timer in to_stop]
+    return started, sorted(set(to_stop) | set(to_disable)), [timer[:-len(".timer")] + ".service" for timer in to_stop]
 
 
 def running(module, patterns):
@@ -421,6 +432,7 @@ def main():
                 "jitter": {"type": "str", "default": "0"},
             }},
             "stop": {"type": "list", "elements": "str", "default": []},
+            "disable": {"type": "list", "elements": "str", "default": []},
             "finish": {"type": "list", "elements": "str", "default": []},
             "run": {"type": "list", "elements": "str", "default": []},
             "wait": {"type": "int", "default": 0},
@@ -437,7 +449,8 @@ def main():
     # A drain started under the old definition ends after its batch in flight;
     # the next batch runs under the new one (batchq.continue@.service).
     rewritten = [name.replace("@.service", "@*.service") for name in written + reloaded if name.endswith(".service")]
-    started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"])
+    started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"],
+                                                      module.params["disable"])
     ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
     wait_until_idle(module, module.params["finish"], module.params["wait"])
     ran, busy = run_idle(module, module.params["run"])

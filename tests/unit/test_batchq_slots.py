@@ -42,7 +42,7 @@ def test_a_run_that_is_over_leaves_its_slot_stale():
 
 def test_systemctl_show_of_several_units_is_read_unit_by_unit():
     text = "Id=a.service\nInvocationID=1\nActiveState=active\n\nId=b.service\nInvocationID=\nActiveState=inactive\n"
-    assert slots_helper.parse_show(text) == {
+    assert consumer_protocol.parse_show(text) == {
         "a.service": {"Id": "a.service", "InvocationID": "1", "ActiveState": "active"},
         "b.service": {"Id": "b.service", "InvocationID": "", "ActiveState": "inactive"}}
 

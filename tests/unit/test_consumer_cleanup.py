@@ -92,3 +92,29 @@ def test_stale_secrets_are_those_no_unit_names_of_consumers_this_list_knows():
     assert "/etc/batchq/mail.kept.cred" in stale_secrets(found, consumers, encrypted=True)
     # what remove.yml deletes with a removed consumer's units: all of its secrets, and only those
     assert stale_secrets(found, [], removed=["gone"]) == ["/etc/batchq/gone.db.cred-encrypted", "/etc/batchq/gone.env"]
+
+
+PATHS = D + "/paths.target.wants"
+
+
+def test_the_path_unit_of_a_range_stays_with_the_range_and_goes_with_it():
+    ranged = {"name": "a", "instances": {"min": 1, "max": 3}, "backlog_exit_code": 75}
+    found = [D + "/batchq-a@.service", D + "/batchq-a@.timer", WANTS + "/batchq-a@1.timer", D + "/batchq-a.path",
+             PATHS + "/batchq-a.path"]
+    assert leftovers(found, consumers(ranged)) == {"stop": [], "drain": [], "remove": [], "removed": []}
+    records = ["/run/batchq/scale/batchq-a.json", "/run/batchq/scale/batchq-a.json.lock"]
+    # a fixed count again: the path unit is stopped and goes; the instances up to the count run on,
+    # and those above it, which a backlog may have woken, end (no link names them)
+    fixed = leftovers(found, consumers(dict(ranged, instances=2)))
+    assert fixed["remove"] == sorted(found[3:] + records) and fixed["removed"] == []
+    assert {"batchq-a.pat[h]", "batchq.scale@batchq-a.servic[e]", "batchq-a@3.time[r]",
+            "batchq-a@64.time[r]"} <= set(fixed["stop"])
+    assert not {"batchq-a@1.time[r]", "batchq-a@2.time[r]", "batchq-a@*.timer"} & set(fixed["stop"])
+    assert "batchq-a@3.servic[e]" in fixed["drain"] and "batchq-a@2.servic[e]" not in fixed["drain"]
+    # one instance: another shape, whose template's instances all end
+    one = leftovers(found, consumers(dict(ranged, instances=1)))
+    assert "batchq-a@*.timer" in one["stop"] and "batchq-a@*.service" in one["drain"]
+    # the consumer goes: all of it
+    gone = leftovers(found, consumers({"name": "a", "state": "absent"}))
+    assert gone["remove"] == sorted(found + records) and "batchq-a@*.timer" in gone["stop"]
+    assert {"batchq-a.pat[h]", "batchq.scale@batchq-a.servic[e]"} <= set(gone["stop"])

@@ -31,7 +31,7 @@ def test_the_settings_a_resume_needs_come_from_the_role_s_own_lines():
                      # timer_options come after the role's lines; the deploy starts with the role's
                      "timer_options": {"AccuracySec": "5s", "OnBootSec": "10min"}})
     assert timer_settings(text) == {"start_delay": "1min 30s", "accuracy": "100ms", "jitter": "7s",
-                                    "instances": 3, "state": "paused",
+                                    "instances": 3, "min_instances": None, "state": "paused",
                                     "metrics_dir": "/var/lib/prometheus/node-exporter"}
 
 
@@ -40,7 +40,7 @@ def test_without_metrics_or_a_record():
     # a timer file written before the role kept its record
     old = "[Timer]\nOnBootSec=5s\nAccuracySec=1s\nRandomizedDelaySec=0\n"
     assert timer_settings(old) == {"start_delay": "5s", "accuracy": "1s", "jitter": "0", "instances": None,
-                                   "state": "present", "metrics_dir": None}
+                                   "min_instances": None, "state": "present", "metrics_dir": None}
 
 
 def test_a_paused_template_has_its_instances_from_the_record_only():
@@ -54,6 +54,21 @@ def test_a_paused_template_has_its_instances_from_the_record_only():
     assert deployed_consumer("thumbs", "batchq-", without_record, ["10", "2"])["timers"] == [
         "batchq-thumbs@2.timer", "batchq-thumbs@10.timer"]
     assert deployed_consumer("thumbs", "batchq-", without_record, []) is None
+
+
+def test_a_range_of_instances_resumes_and_runs_up_to_min_and_pauses_and_waits_for_all():
+    settings = timer_settings(rendered({"name": "thumbs", "command": "/bin/true", "backlog_exit_code": 75,
+                                        "instances": {"min": 2, "max": 4}}))
+    assert (settings["min_instances"], settings["instances"]) == (2, 4)
+    consumer = deployed_consumer("thumbs", "batchq-", settings, ["1", "2", "3"])
+    assert consumer["timers"] == ["batchq-thumbs@%d.timer" % n for n in (1, 2, 3, 4)]
+    assert consumer["services"] == ["batchq-thumbs@%d.service" % n for n in (1, 2, 3, 4)]
+    assert [start["timer"] for start in consumer["starts"]] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer"]
+    assert consumer["scheduled_services"] == ["batchq-thumbs@1.service", "batchq-thumbs@2.service"]
+    # a fixed count schedules all its instances
+    fixed = deployed_consumer("thumbs", "batchq-", timer_settings(rendered(
+        {"name": "thumbs", "command": "/bin/true", "instances": 3})), [])
+    assert fixed["scheduled_services"] == fixed["services"] and len(fixed["starts"]) == 3
 
 
 def test_a_plain_consumer_has_one_timer():

@@ -16,8 +16,9 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_spec imp
 SPECS = pathlib.Path(__file__).parents[2] / "roles" / "consumer" / "meta" / "argument_specs.yml"
 TYPES = {"str", "int", "bool", "dict", "list", "path", "raw"}
 # Keys that take values of more than one type: a string or a number of
-# seconds, a command line or a list of words, a number or "infinity".
-RAW_KEYS = set(TIME_KEYS) | set(HOOK_KEYS) | {"command", "tasks_max"}
+# seconds, a command line or a list of words, a number or "infinity", a
+# number or a range of instances.
+RAW_KEYS = set(TIME_KEYS) | set(HOOK_KEYS) | {"command", "tasks_max", "instances"}
 
 
 def main_spec():

@@ -452,7 +452,7 @@ def test_a_consumer_marked_absent_goes_with_its_units_secrets_hook_state_and_met
     assert sorted(removal["absent"]) == sorted(
         THUMBS_ON_HOST["found"][UNIT_DIR] + THUMBS_ON_HOST["found"][SECRETS_DIR] + ["/var/lib/batchq-hooks/thumbs.json"])
     stem = "/var/lib/prometheus/node-exporter/batchq-thumbs"
-    assert [e["path"] for e in removal["files"]] == [stem + suffix for suffix in (".prom", ".paused.prom", ".d")]
+    assert [e["path"] for e in removal["files"]] == [stem + suffix for suffix in (".prom", ".paused.prom", ".scale.prom", ".d")]
     assert {e["state"] for e in removal["files"]} == {"absent"}
     # deleted with its units, not again after them
     assert removal["stale_secrets"] == []
@@ -602,7 +602,7 @@ def test_a_drain_gets_a_runtime_spec_with_all_its_programs_need():
         "backlog_exit_code": 75, "timeout_usec": 300000000, "stop_timeout_usec": 10000000, "interval_usec": 30000000,
         "preload": ["json"], "metrics_folder": "/var/lib/prometheus/node-exporter/batchq-thumbs.d",
         "hooks": {"every_usec": 900000000, "on_failure": ["/usr/bin/logger", "x"], "on_recovery": None},
-        "hook_credentials": None, "running_max": None, "runner": True}
+        "hook_credentials": None, "running_max": None, "runner": True, "scale": None}
     assert decided["runtime"]["thumbs"]["after_run"] is True  # its hooks
     assert decided["runtime"]["thumbs"]["spec"] == spec_on_host(decided)
 

@@ -12,6 +12,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     parse_batch_status,
     consumer_report,
     consumer_units,
+    dormant,
     iso,
     last_run,
     last_run_from_show,
@@ -23,6 +24,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     precise_timestamps,
     summarize,
     template_show,
+    with_range,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
@@ -339,3 +341,23 @@ def test_a_timers_monotonic_time_span_is_no_twin():
     text = "Id=a.timer\nLastTriggerUSec=Tue 2026-12-01 00:25:32 UTC\nLastTriggerUSecMonotonic=12h 20min 37.386257s\n"
     units = precise_timestamps(parse_show(text), 1796084732.7052126, 44179.917458666)
     assert units["a.timer"]["LastTriggerUSec"] == "Tue 2026-12-01 00:25:32 UTC"
+
+
+def test_every_instance_of_a_range_is_reported_loaded_or_not():
+    found = {"x": {"service": "batchq-x@.service", "timer": "batchq-x@.timer", "template": "enabled"},
+             "y": {"service": "batchq-y.service", "timer": "batchq-y.timer", "starter": "batchq-y.start.timer"}}
+    ranged = with_range(found, "x", "batchq-", 3)
+    assert sorted(ranged) == ["x@1", "x@2", "x@3", "y"]
+    assert ranged["x@2"] == {"service": "batchq-x@2.service", "timer": "batchq-x@2.timer",
+                             "starter": "batchq-x.2.start.timer"}
+
+
+def test_an_instance_of_a_range_that_sleeps_is_dormant_unless_the_consumer_is_paused():
+    def reports(*states):
+        return {"x@%d" % number: {"state": state} for number, state in enumerate(states, 1)}
+    shown = dormant(reports("running", "paused", "stopped", "waiting"), "x", 1)
+    assert [shown["x@%d" % n]["state"] for n in (1, 2, 3, 4)] == ["running", "dormant", "stopped", "waiting"]
+    # min 2: the second instance is always scheduled, and stays as it is
+    assert dormant(reports("waiting", "paused"), "x", 2)["x@2"]["state"] == "paused"
+    # paused by the role: every instance is paused
+    assert [r["state"] for r in dormant(reports("paused", "paused"), "x", 1).values()] == ["paused"] * 2

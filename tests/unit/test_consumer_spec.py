@@ -69,6 +69,17 @@ def test_instances_make_template_units_and_one_timer_each():
     assert consumer["services"] == ["batchq-thumbs@1.service", "batchq-thumbs@2.service", "batchq-thumbs@3.service"]
 
 
+def test_a_range_of_instances_schedules_min_and_wakes_the_rest_with_the_backlog():
+    consumer = one(instances={"min": 2, "max": 4}, backlog_exit_code=75)
+    assert consumer["timers"] == ["batchq-thumbs@%d.timer" % n for n in (1, 2, 3, 4)]
+    assert consumer["scheduled_timers"] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer"]
+    assert consumer["scale"] == {"min": 2, "max": 4, "cooldown_usec": 300_000_000, "path_unit": "batchq-thumbs.path"}
+    assert one(instances={"min": 1, "max": 3, "cooldown": "45s"}, backlog_exit_code=75)["scale"]["cooldown_usec"] == 45e6
+    # min = max is a fixed count, as a number is
+    fixed = one(instances={"min": 3, "max": 3})
+    assert fixed["scale"] is None and fixed["scheduled_timers"] == fixed["timers"] == one(instances=3)["timers"]
+
+
 def test_defaults_lie_under_items_and_prefix_names_units():
     consumers = normalize_consumers(
         [GOOD, dict(GOOD, name="mail", interval="5s")], {"interval": "30s", "nice": 5}, "jobs-")
@@ -189,6 +200,18 @@ BAD = [
     ("zero instances", {"instances": 0}, ["'instances'"]),
     ("too many instances", {"instances": 65}, ["'instances'"]),
     ("instances as words", {"instances": "three"}, ["'instances'"]),
+    ("a range without a backlog", {"instances": {"min": 1, "max": 4}}, ["'instances'", "backlog_exit_code"]),
+    ("a range without max", {"instances": {"min": 1}, "backlog_exit_code": 75}, ["'instances'", "min and max"]),
+    ("a range upside down", {"instances": {"min": 3, "max": 2}, "backlog_exit_code": 75},
+     ["'instances'", "min 3 is more than max 2"]),
+    ("a range from 0", {"instances": {"min": 0, "max": 2}, "backlog_exit_code": 75}, ["'instances.min'"]),
+    ("a range past the most", {"instances": {"min": 1, "max": 65}, "backlog_exit_code": 75}, ["'instances.max'"]),
+    ("a typo in a range", {"instances": {"min": 1, "maximum": 4}, "backlog_exit_code": 75},
+     ["'instances'", "maximum"]),
+    ("a cooldown as prose", {"instances": {"min": 1, "max": 4, "cooldown": "a while"}, "backlog_exit_code": 75},
+     ["'instances.cooldown'"]),
+    ("an endless cooldown", {"instances": {"min": 1, "max": 4, "cooldown": "infinity"}, "backlog_exit_code": 75},
+     ["'instances.cooldown'", "finite"]),
     ("memory as prose", {"memory_max": "lots"}, ["'memory_max'"]),
     ("cpu without percent", {"cpu_quota": "50"}, ["'cpu_quota'"]),
     ("nice out of range", {"nice": 20}, ["'nice'"]),

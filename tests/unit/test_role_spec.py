@@ -105,4 +105,6 @@ def test_role_takes_the_shared_names_from_consumer_names():
         "_consumer_hooks_state_dir": names.HOOKS_STATE_DIR,
         "_consumer_slice_unit": names.SLICE_UNIT,
         "_consumer_slots": names.SLOTS,
+        "_consumer_scale": names.SCALE,
+        "_consumer_scale_unit": names.SCALE_UNIT,
     }

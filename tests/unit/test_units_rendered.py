@@ -78,7 +78,9 @@ def render(decided):
         _consumer_runtime=decided["runtime"], _consumer_drain_runner=consumer_names.DRAIN_RUNNER,
         _consumer_after_run=consumer_names.AFTER_RUN, _consumer_continue_unit=consumer_names.CONTINUE_UNIT,
         _consumer_budget=decided["budget"], _consumer_slice=decided["slice"],
-        _consumer_slice_unit=consumer_names.SLICE_UNIT, _consumer_slots=consumer_names.SLOTS)
+        _consumer_slice_unit=consumer_names.SLICE_UNIT, _consumer_slots=consumer_names.SLOTS,
+        _consumer_scale=consumer_names.SCALE, _consumer_scale_unit=consumer_names.SCALE_UNIT,
+        consumer_unit_prefix=SETTINGS["prefix"])
     return json.loads(text)
 
 
@@ -124,11 +126,12 @@ def test_each_consumers_units_pass_its_programs_the_spec_the_role_lays_out(scena
             assert (("Unit", "OnSuccess") in service) == decided["systemd"]["features"]["drain_continue"]
         else:
             assert "--spec" not in exec_start
+        wanted = []
         if runtime and runtime["after_run"]:
-            wanted = "-+/usr/bin/python3 -I %s --spec %s --unit %%n" % (consumer_names.AFTER_RUN, runtime["path"])
-            assert stop_post == [wanted]
-        else:
-            assert stop_post == []
+            wanted.append("-+/usr/bin/python3 -I %s --spec %s --unit %%n" % (consumer_names.AFTER_RUN, runtime["path"]))
+        if unit["scale"]:
+            wanted.append("-+/usr/bin/python3 -I %s --spec %s --unit %%n settle" % (consumer_names.SCALE, runtime["path"]))
+        assert stop_post == wanted
         # no budget: the slice holds every unit, and nothing waits for a slot
         assert service[("Service", "Slice")] == [consumer_names.SLICE_UNIT]
         assert not any(consumer_names.SLOTS in line for line in service.get(("Service", "ExecStartPre"), []))
@@ -173,6 +176,37 @@ def test_the_running_cap_is_the_slices_from_258_on_and_each_units_own_before(sui
             assert runtime["spec"]["runner"] and not runtime["after_run"]
 
 
+@pytest.mark.parametrize("suite", SUITES)
+def test_a_range_of_instances_gets_a_path_unit_that_starts_the_scaler_and_each_run_settles(suite):
+    consumer_list, defaults = group_vars("capacity", suite)
+    units = normalized(consumer_list, defaults)
+    decided = plan(units, host_answers(suite, units), SETTINGS, suite)
+    files = render(decided)
+    (unit,) = [unit for unit in decided["installed"] if unit["scale"]]
+    spec = decided["runtime"][unit["name"]]["spec"]
+    stem = "batchq-" + unit["name"]
+    assert spec["scale"] == {"min": 1, "max": 4, "cooldown_usec": 10_000_000,
+                             "request": "/var/lib/batchq/%s/scale-request" % unit["name"],
+                             "status": "/run/batchq/scale/%s.json" % stem,
+                             "metrics_file": "%s/%s.scale.prom" % (METRICS_DIR, stem)}
+    assert settings_of(files[stem + ".path"]) == {
+        ("Unit", "Description"): ["Scale-up requests of batchq consumer %s" % unit["name"]],
+        ("Path", "PathChanged"): [spec["scale"]["request"]], ("Path", "Unit"): ["batchq.scale@%s.service" % stem],
+        ("Install", "WantedBy"): ["paths.target"]}
+    scaler = settings_of(files[consumer_names.SCALE_UNIT])
+    # %i is the stem: the spec's name
+    assert scaler[("Service", "ExecStart")] == ["/usr/bin/python3 -I %s --spec %s/specs/%%i.json wake"
+                                                % (consumer_names.SCALE, HELPER_DIR)]
+    assert decided["runtime"][unit["name"]]["path"] == "%s/specs/%s.json" % (HELPER_DIR, stem)
+    assert scaler[("Unit", "StartLimitIntervalSec")] == ["0"]
+    timer = settings_of(files[unit["timer_unit"]])
+    assert (timer[("X-Batchq", "Instances")], timer[("X-Batchq", "MinInstances")]) == (["4"], ["1"])
+    # a deploy starts instance 1 and the path unit, and leaves instances 2 to 4 to the backlog, never enabled
+    assert [entry["timer"] for entry in decided["start"] if entry["timer"].startswith(stem)] == (
+        [] if unit["state"] == "paused" else [stem + "@1.timer"]) + [stem + ".path"]
+    assert decided["disable"] == ([] if unit["state"] == "paused" else [stem + "@%d.timer" % n for n in (2, 3, 4)])
+
+
 @pytest.mark.parametrize("scenario, suite", CASES)
 def test_no_unit_holds_a_value_the_template_left_unset(scenario, suite):
     consumer_list, defaults = group_vars(scenario, suite)
@@ -181,7 +215,7 @@ def test_no_unit_holds_a_value_the_template_left_unset(scenario, suite):
     for name, text in files.items():
         assert "{{" not in text and "{%" not in text, name
         for (section, key), values in settings_of(text).items():
-            assert section in ("Unit", "Service", "Timer", "Install", "X-Batchq", "Slice"), (name, section)
+            assert section in ("Unit", "Service", "Timer", "Path", "Install", "X-Batchq", "Slice"), (name, section)
             assert all(value.strip() not in ("", "None") for value in values if key != "CapabilityBoundingSet"
                        and key != "AmbientCapabilities"), (name, key, values)
     # systemd reads what configparser reads (one key per line, no continuation here)

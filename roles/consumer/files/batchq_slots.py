@@ -88,20 +88,6 @@ def may_take(held, waiting, unit, slots):
     return len(others) < slots and first_in_line(waiting, unit)
 
 
-def parse_show(text):
-    """{Id: {property: value}} of `systemctl show` with several units."""
-    units, current = {}, {}
-    for line in text.splitlines() + [""]:
-        if not line.strip():
-            if current.get("Id"):
-                units[current["Id"]] = current
-            current = {}
-        elif "=" in line:
-            key, value = line.split("=", 1)
-            current[key] = value
-    return units
-
-
 def live_runs(units):
     """{unit: invocation ID} of those of units that run now."""
     if not units:
@@ -109,7 +95,7 @@ def live_runs(units):
     output = subprocess.run(["systemctl", "show", "--property=Id", "--property=InvocationID",
                              "--property=ActiveState", "--"] + sorted(units),
                             stdout=subprocess.PIPE, check=True, env=C_ENV, timeout=10).stdout.decode("utf-8", "replace")
-    return {name: fields.get("InvocationID", "") for name, fields in parse_show(output).items()
+    return {name: fields.get("InvocationID", "") for name, fields in protocol.parse_show(output).items()
             if fields.get("ActiveState") in LIVE_STATES}
 
 
@@ -235,7 +221,7 @@ def waited_in_queue(unit):
                              "--property=InactiveEnterTimestampMonotonic", "--property=LastTriggerUSecMonotonic",
                              "--", unit, timer],
                             stdout=subprocess.PIPE, check=True, env=C_ENV, timeout=10).stdout.decode("utf-8", "replace")
-    shown = parse_show(output)
+    shown = protocol.parse_show(output)
     return queue_wait(shown.get(unit, {}), shown.get(timer, {}))
 
 
