@@ -38,29 +38,9 @@ rounds=${1:-3}
 jobs=${FLEET_JOBS:-10000}
 work_ms=${FLEET_WORK_MS:-2}
 limit=${FLEET_LIMIT:-100}
-prefix=${BATCHQ_HOST_PREFIX:-batchq}-bench-fleet
-export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
-export ANSIBLE_PIPELINING=true ANSIBLE_PYTHON_INTERPRETER=auto_silent ANSIBLE_BECOME_METHOD=su
-database=$prefix-db network=$prefix
-workers=("$prefix-1" "$prefix-2" "$prefix-3")
-images=("${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}" "${BATCHQ_IMAGE_DEBIAN12:-batchq/debian:bookworm}"
-        "${BATCHQ_IMAGE_DEBIAN13:-batchq/debian:trixie}")
-password=bench-only-password
-work=$(mktemp -d)
-trap 'echo "fleet.sh: failed at line $LINENO" >&2' ERR
-trap 'docker rm -f "${workers[@]}" "$database" >/dev/null 2>&1 || true
-      docker network rm "$network" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-
-for i in "${!workers[@]}"; do tools/systemd-container.sh "${workers[$i]}" "${images[$i]}"; done
-tools/systemd-container.sh "$database" "${BATCHQ_IMAGE_POSTGRESQL:-batchq/postgresql:bookworm}"
-docker network inspect "$network" >/dev/null 2>&1 || docker network create "$network" >/dev/null
-for host in "${workers[@]}" "$database"; do docker network connect "$network" "$host"; done
-
-cat >"$work/inventory.yml" <<EOF
-consumers: {hosts: {${workers[0]}: {}, ${workers[1]}: {}, ${workers[2]}: {}}}
-queue_db: {hosts: {$database: {}}}
-all: {vars: {ansible_connection: community.docker.docker}}
-EOF
+# the hosts: $database and $workers, their inventory in $work (benchmarks/pg_fleet.sh)
+# shellcheck source=benchmarks/pg_fleet.sh
+source benchmarks/pg_fleet.sh fleet
 # Paused: the units are there, nothing starts them but this script.
 cat >"$work/vars.yml" <<EOF
 pgqueue_password: $password
@@ -91,8 +71,6 @@ EOF
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/database.yml >/dev/null
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/pooler.yml >/dev/null
 ansible-playbook -i "$work/inventory.yml" -e @"$work/vars.yml" examples/postgresql_queue/deploy.yml >/dev/null
-
-sql() { docker exec "$database" runuser -u postgres -- psql -d batchq -AtX -v ON_ERROR_STOP=1 -c "$1"; }
 
 # The CPU time (ns) a container has used, from its cgroup: cgroup v1 (cgroupfs)
 # or v2 (systemd's scopes); 0 where neither is found.
