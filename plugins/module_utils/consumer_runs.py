@@ -122,10 +122,11 @@ def consumer_units(text, prefix):
     return found
 
 
-def with_range(found, name, prefix, most):
-    """found (consumer_units()) with every instance of a consumer whose
-    instances are a range, 1 to most: one never woken since boot is not
-    loaded, and systemctl lists no such unit."""
+def with_instances(found, name, prefix, most):
+    """found (consumer_units()) with every instance of a consumer, 1 to
+    most, in place of its bare template: systemctl lists no instance that
+    systemd has let go of (a paused one, or a dormant one never woken since
+    boot)."""
     found = {key: units for key, units in found.items() if key != name}
     for number in range(1, most + 1):
         key = "%s@%d" % (name, number)

@@ -114,9 +114,10 @@ consumers:
           until a backlog wakes it. Every instance up to C(max) is reported, woken since boot or not.
         - C(failed) as C(waiting), but the last run failed.
         - C(paused) the timer is stopped and disabled, as the role leaves a consumer with
-          C(state=paused). A paused consumer with a fixed number of instances is reported once, under its
-          bare name, with no runs, because systemd keeps no unit of its stopped and disabled instances, and
-          nothing on the host names them any more. Each instance of a range is reported.
+          C(state=paused). Each instance is reported, though systemd keeps no unit of a stopped and
+          disabled instance. The role's record in the timer's file counts them. A paused consumer with
+          instances whose timer file was written before the role kept that record is reported once, under
+          its bare name, with no runs.
         - C(stopped) the timer is enabled but inactive (stopped by hand) or failed, and no starter
           timer is about to arm it, so no batch will run until someone starts it.
         - C(missing) named in O(names) but not installed.
@@ -295,7 +296,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     parse_runner,
     precise_timestamps,
     template_show,
-    with_range,
+    with_instances,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
@@ -449,19 +450,21 @@ def journal_refusal():
             % (user, ", ".join(sorted(files)) or "no journal file found", user))
 
 
-def instance_ranges(found, prefix):
-    """{name: (min, max)} of the consumers found whose instances are a range,
-    from the record ([X-Batchq]) in their timer template's file."""
-    ranges = {}
+def instance_counts(found, prefix):
+    """{name: (min, max)} of the consumers found with instances, from the
+    record ([X-Batchq]) in their timer template's file. min is max for a
+    fixed number. A template written before the record is left out."""
+    counts = {}
     for name in sorted({key.split("@")[0] for key in found if "@" in key or "template" in found[key]}):
         try:
             with open("%s/%s%s@.timer" % (UNIT_DIR, prefix, name), encoding="utf-8") as handle:
                 settings = timer_settings(handle.read())
         except OSError:
             continue
-        if settings["min_instances"] and settings["instances"] and settings["min_instances"] < settings["instances"]:
-            ranges[name] = (settings["min_instances"], settings["instances"])
-    return ranges
+        most = settings["instances"]
+        if most:
+            counts[name] = (min(settings["min_instances"] or most, most), most)
+    return counts
 
 
 def wanted(found, names, prefix):
@@ -504,9 +507,11 @@ def main():
     pool = ThreadPoolExecutor(max_workers=4)
     try:
         found = consumer_units(host.units(params["prefix"], pool), params["prefix"])
-        ranges = instance_ranges(found, params["prefix"])
-        for name, (least, most) in ranges.items():
-            found = with_range(found, name, params["prefix"], most)
+        # systemd lists no instance it has let go of (paused, or dormant
+        # since boot): each one the record counts is shown by name.
+        counts = instance_counts(found, params["prefix"])
+        for name, (least, most) in counts.items():
+            found = with_instances(found, name, params["prefix"], most)
         chosen = wanted(found, params["names"], params["prefix"])
         # systemctl refuses to show a template: those come from template_show().
         shown = [units for units in chosen.values() if "template" not in units]
@@ -594,8 +599,9 @@ def main():
     if errors:
         module.fail_json(msg="; ".join(errors), errors=errors)
     report = {key: consumer for key, consumer, said, error, shared_log in results}
-    for name, (least, most) in ranges.items():
-        report = dormant(report, name, least)
+    for name, (least, most) in counts.items():
+        if least < most:
+            report = dormant(report, name, least)
     for key, consumer, said, error, shared_log in results:
         for warning in said:
             module.warn(warning)

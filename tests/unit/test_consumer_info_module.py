@@ -181,3 +181,18 @@ def test_a_listing_that_fails_with_words_still_fails_the_module(monkeypatch, mod
 
     (kind, _main_thread, result), = run_main(monkeypatch, module_args, run_command)
     assert kind == "fail_json" and "Failed to connect to bus" in result["msg"], result
+
+
+def test_the_instances_of_a_consumer_are_counted_from_the_record_in_its_timer_template(monkeypatch, tmp_path):
+    """A paused consumer's instances are not loaded (systemctl lists only its
+    templates): the record the role writes in the timer's file counts them."""
+    records = {"fixed": "Instances=3\nState=paused\n", "ranged": "Instances=4\nMinInstances=1\nState=present\n",
+               "old": "", "equal": "Instances=2\nMinInstances=2\n"}
+    for name, record in records.items():
+        (tmp_path / ("batchq-%s@.timer" % name)).write_text(
+            "[Timer]\nOnUnitInactiveSec=10s\n" + ("[X-Batchq]\n" + record if record else ""))
+    monkeypatch.setattr(consumer_info, "UNIT_DIR", str(tmp_path))
+    found = {name: {"service": "batchq-%s@.service" % name, "timer": "batchq-%s@.timer" % name, "template": "disabled"}
+             for name in records}
+    found["plain"] = {"service": "batchq-plain.service", "timer": "batchq-plain.timer"}
+    assert consumer_info.instance_counts(found, "batchq-") == {"fixed": (3, 3), "ranged": (1, 4), "equal": (2, 2)}

@@ -24,7 +24,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs imp
     precise_timestamps,
     summarize,
     template_show,
-    with_range,
+    with_instances,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
 
@@ -346,7 +346,7 @@ def test_a_timers_monotonic_time_span_is_no_twin():
 def test_every_instance_of_a_range_is_reported_loaded_or_not():
     found = {"x": {"service": "batchq-x@.service", "timer": "batchq-x@.timer", "template": "enabled"},
              "y": {"service": "batchq-y.service", "timer": "batchq-y.timer", "starter": "batchq-y.start.timer"}}
-    ranged = with_range(found, "x", "batchq-", 3)
+    ranged = with_instances(found, "x", "batchq-", 3)
     assert sorted(ranged) == ["x@1", "x@2", "x@3", "y"]
     assert ranged["x@2"] == {"service": "batchq-x@2.service", "timer": "batchq-x@2.timer",
                              "starter": "batchq-x.2.start.timer"}

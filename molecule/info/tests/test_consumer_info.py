@@ -206,15 +206,16 @@ def status_playbook(*arguments):
     return process
 
 
-def test_paused_consumer_with_instances_is_paused_not_missing(host):
+def test_each_instance_of_a_paused_consumer_is_paused_not_missing(host):
     # systemd has let go of its stopped and disabled instances: only the templates are left
     wait_for(lambda: host.check_output("systemctl list-units --all --no-legend --plain 'batchq-quiet*'") == "",
              30, "systemd to let go of quiet's instances")
     report = consumer_info(host)["consumers"]
-    assert "quiet" in report, sorted(report)
-    assert report["quiet"]["state"] == "paused", report["quiet"]
-    assert report["quiet"]["timer"]["enabled"] is False and report["quiet"]["timer"]["active"] is False
-    assert consumer_info(host, names="quiet")["consumers"]["quiet"]["state"] == "paused"
+    assert sorted(key for key in report if key.startswith("quiet")) == ["quiet@1", "quiet@2"], sorted(report)
+    for key in ("quiet@1", "quiet@2"):
+        assert report[key]["state"] == "paused", report[key]
+        assert report[key]["timer"]["enabled"] is False and report[key]["timer"]["active"] is False, report[key]
+    assert sorted(consumer_info(host, names="quiet")["consumers"]) == ["quiet@1", "quiet@2"]
 
 
 def test_timer_stopped_by_hand_is_stopped_until_a_starter_arms_it(host):
@@ -259,7 +260,7 @@ def test_stopped_timer_fails_the_status_checks_and_paused_ones_do_not(hosts):
         # its last run ended seconds ago, yet nothing will start the next: max_age must still see it
         assert "halted on %s: no run ended" % name not in overdue.output, overdue.output
         assert "never on %s" % name not in failing.output + overdue.output
-        assert "quiet on %s" % name not in failing.output + overdue.output
+        assert "quiet@1 on %s" % name not in failing.output + overdue.output
     assert failing.returncode != 0
 
 
@@ -273,7 +274,7 @@ def test_stopped_timer_is_not_exempt_from_max_age(hosts):
         host.check_output("systemctl start batchq-halted.timer")
     assert overdue.returncode != 0 and "halted on %s: no run ended in the last 1s" % name in overdue.output, \
         overdue.output
-    assert "never on %s" % name not in overdue.output and "quiet on %s" % name not in overdue.output
+    assert "never on %s" % name not in overdue.output and "quiet@1 on %s" % name not in overdue.output
 
 
 def test_start_that_fails_before_exec_is_reported_alone(host):
