@@ -96,9 +96,10 @@ def to_wake(view, scale, woken):
     consumer is not paused (every instance up to min is on), fewer than max
     are awake and none woken still waits (pending())."""
     least = scale["min"]
-    if paused(view, least) or len(awake(view, least)) >= scale["max"] or pending(view, woken):
+    on = awake(view, least)
+    if paused(view, least) or len(on) >= scale["max"] or pending(view, woken):
         return None
-    return min(number for number in view if number not in awake(view, least))
+    return min(number for number in view if number not in on)
 
 
 def paused(view, least):
