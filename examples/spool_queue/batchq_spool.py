@@ -623,20 +623,20 @@ class SpoolBackend(batchq_queue.Backend):
                 with contextlib.suppress(FileExistsError):
                     return move(source_folder, source, self.fds["failed"], aside) and "clash"
 
-    def quarantine(self, source_folder, source, where, target, mode):
-        """Move what is no regular file to failed/ as target, never following it; stderr says why.
-        True when it moved; an error leaves it where it is, said too."""
+    def quarantine(self, source_folder, source, where, target, mode, wanted="a regular file"):
+        """Move what is not what a batch wants there to failed/ as target, never following it;
+        stderr says why. True when it moved; an error leaves it where it is, said too."""
         try:
             moved = self.place(source_folder, source, "failed", target)
         except OSError as exc:
             if exc.errno in SPOOL_ERRNOS:
                 raise
-            print("%s/%s: not a regular file (%s), and it could not be moved to failed/: %s"
-                  % (where, shown(source), kind(mode), exc.strerror), file=sys.stderr)
+            print("%s/%s: not %s (%s), and it could not be moved to failed/: %s"
+                  % (where, shown(source), wanted, kind(mode), exc.strerror), file=sys.stderr)
             return False
         if moved:
-            print("%s: not a regular file (%s) in %s/; moved to failed/, never opened"
-                  % (shown(target), kind(mode), where), file=sys.stderr)
+            print("%s: not %s (%s) in %s/; moved to failed/, never opened"
+                  % (shown(target), wanted, kind(mode), where), file=sys.stderr)
         return bool(moved)
 
     def open_claim(self):
@@ -686,7 +686,7 @@ class SpoolBackend(batchq_queue.Backend):
         info = lstat(claims, entry)
         if not stat.S_ISDIR(info.st_mode):
             # a batch makes folders here: anything else was planted, and is never followed
-            self.quarantine(claims, entry, "claims", entry, info.st_mode)
+            self.quarantine(claims, entry, "claims", entry, info.st_mode, wanted="a claim folder")
             return None
         folder = open_folder(entry, claims)
         try:

@@ -455,6 +455,7 @@ def test_a_link_planted_in_claims_is_never_followed(top, outside):
     assert sorted(results(top)) == ["a.json"] and listing(top)["incoming"] == []
     assert listing(top)["claims"] == [] and listing(top)["failed"] == ["planted"]
     assert os.readlink(top / "failed" / "planted") == str(outside)
+    assert "planted: not a claim folder (a link) in claims/; moved to failed/, never opened" in err, err
 
 
 def test_a_claim_folder_whose_lock_is_a_link_is_left_alone(top, outside):
