@@ -171,6 +171,14 @@ reloaded:
   type: list
   elements: str
   sample: []
+in_flight:
+  description:
+    - Services of the timers in O(stop) that were running a batch when their timer stopped. Each batch
+      is left to end; a drain among them ends after its batch in flight (RV(ending)).
+  returned: always
+  type: list
+  elements: str
+  sample: [batchq-thumbs.service]
 ending:
   description:
     - Services whose running drain was asked to end after its batch in flight.
@@ -271,19 +279,20 @@ def install(module, units, unit_dir, unchanged=()):
 
 def finish_drains(module, patterns):
     """Ask the running drains among the services matching patterns to end after
-    their batch in flight; returns the services asked.
+    their batch in flight; returns (the services asked, every service that
+    matched and was running a batch).
 
     Only a main process that is batchq-drain is signalled: SIGUSR1 would kill
     any other consumer.
     """
     if not patterns or module.check_mode:
-        return []
+        return [], []
     systemctl = module.get_bin_path("systemctl", required=True)
     rc, out, err = module.run_command([systemctl, "list-units", "--plain", "--no-legend", "--state=activating",
                                        "--"] + patterns, environ_update=LANG_C, check_rc=True)
     batches = [line.split()[0] for line in out.splitlines() if line.strip()]
     if not batches:
-        return []
+        return [], []
     rc, out, err = module.run_command([systemctl, "show", "--property=Id,MainPID", "--"] + batches,
                                       environ_update=LANG_C, check_rc=True)
     asked = []
@@ -295,7 +304,7 @@ def finish_drains(module, patterns):
                 asked.append(unit)
             except ProcessLookupError:
                 pass  # the run ended meanwhile
-    return asked
+    return asked, batches
 
 
 def drain_ready(pid, patience=5.0):
@@ -451,11 +460,13 @@ def main():
     rewritten = [name.replace("@.service", "@*.service") for name in written + reloaded if name.endswith(".service")]
     started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"],
                                                       module.params["disable"])
-    ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
+    ending, running = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
+    in_flight = sorted(set(running) & set(paused_services))
     wait_until_idle(module, module.params["finish"], module.params["wait"])
     ran, busy = run_idle(module, module.params["run"])
     module.exit_json(changed=bool(written or reloaded or started or stopped or ending or ran), written=written,
-                     reloaded=reloaded, started=started, stopped=stopped, ending=ending, ran=ran, busy=busy, diff=diffs)
+                     reloaded=reloaded, started=started, stopped=stopped, in_flight=in_flight, ending=ending, ran=ran,
+                     busy=busy, diff=diffs)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from testlib import (
     assert_deployed,
     consumers,
     control,
+    control_said,
     deploy,
     host_state,
     journal,
@@ -144,6 +145,13 @@ def test_wait_fails_naming_the_batch_still_running(hosts, release_held_batch):
     assert_deployed(deploy(consumers(long=SLOW_STOP)))
     try:
         start_held_batch(hosts, "v1")
+        # a pause names the batch it leaves to end; long is no drain, so none is asked to end early
+        code, output = control("pause", "-e", "consumer_names=long", inventory=WITHOUT_VARS)
+        names = [host.backend.get_hostname() for host in hosts]
+        assert code == 0 and control_said(output, "batches left to end") == {
+            name: ["batchq-long.service"] for name in names}, output
+        assert control_said(output, "drains among them end after their batch in flight") == {
+            name: [] for name in names}, output
         code, output = control("wait", "-e", "consumer_names=long", "-e", "consumer_wait_timeout=3", inventory=WITHOUT_VARS)
         assert code != 0 and "still running after 3s: batchq-long.service" in output, output
         for host in hosts:  # the batch ends, its ExecStopPost= holds the unit
@@ -163,6 +171,8 @@ def test_wait_fails_naming_the_batch_still_running(hosts, release_held_batch):
     finally:
         for host in hosts:
             host.check_output("touch %s", STOP_RELEASE)
+        code, output = control("resume", "-e", "consumer_names=long", inventory=WITHOUT_VARS)
+        assert code == 0, output
 
 
 def test_root_without_sudo_runs_both_playbooks_with_ansible_become_false(hosts):
