@@ -35,10 +35,13 @@ up() {
   ansible-playbook -i demo/inventory.yml demo/wait.yml
   demo/drain.sh 20000
   ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_status
-  echo "A few of the Prometheus metrics of batchq-demo-1 (node_exporter, see README \"Monitoring\"):"
+  echo "A few of the Prometheus metrics of batchq-demo-1 (node_exporter; docs/docsite/rst/guide_monitoring.rst):"
   docker exec batchq-demo-1 python3 -c "$metrics" | grep -E '^batchq_consumer_(runs_total|last_run_success)' | head -n 8 || true
   echo "All of them: docker exec batchq-demo-1 python3 -c \"$metrics\" | grep ^batchq_"
   echo "Look around: docker exec -it batchq-demo-1 systemctl list-timers 'batchq-*'"
+  echo "Run the playbooks on it (README, \"Try it locally\"):"
+  echo "  export PATH=\$PWD/.venv/bin:\$PATH ANSIBLE_COLLECTIONS_PATH=\$PWD/.cache/collections"
+  echo "  ansible-playbook -i demo/inventory.yml batchq.consumers.consumer_control -e consumer_action=pause"
   echo "Remove the fleet: make demo-down"
 }
 
