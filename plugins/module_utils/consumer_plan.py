@@ -21,7 +21,7 @@ from ansible_collections.batchq.consumers.plugins.module_utils.consumer_budget i
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_cleanup import leftovers, stale_secrets
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import differs, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_metrics import metrics_files
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT, SCALE_UNIT, SLICE_UNIT
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import CONTINUE_UNIT, SCALE_UNIT, SLICE_UNIT, unit_re
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runtime import (
     SPEC_FOLDER,
     running_max,
@@ -118,6 +118,8 @@ def problems(units, answers, systemd, pythons, settings, host):
                              % (host, unit["name"], field, value))
     account = settings["account"]
     private_run = not answers["credentials_shared"] and not systemd["features"]["credentials_private_run"]
+    # the commands the units run before the main one, as root (ExecStartPre=+)
+    slot_wait = waits_in_unit(settings, systemd["features"]["slice_concurrency"])
     for unit in installed(units):
         for field, database, existing in (("user", "passwd", answers["users"]), ("group", "group", answers["groups"])):
             if unit[field] != account and unit[field] not in existing:
@@ -130,6 +132,15 @@ def problems(units, answers, systemd, pythons, settings, host):
                     " and systemd %s cannot pass credentials to a unit through it. Make /run shared at every boot"
                     " (mount --make-shared /run, as systemd does on a host), or give the values as secret_environment;"
                     % (unit["name"], field, host, systemd["version"]))
+        before_start = [why for why, present in (
+            ("the check of its environment files (secret_environment, environment_file)", unit["environment_check"]),
+            ("the wait for a slot of consumer_budget.running_max", slot_wait)) if present]
+        if unit["credentials"]["credentials"] and before_start and not systemd["features"]["credentials_before_start"]:
+            found.append(
+                "consumer '%s': field 'credentials': systemd %s on %s cannot start a unit with credentials that runs"
+                " a command before its batch, and this one would run %s. Give these values as secret_environment"
+                " instead, or deploy on systemd 252 or later;"
+                % (unit["name"], systemd["version"], host, " and ".join(before_start)))
         for need in unit["required_paths"]:
             if need["path"] in answers["missing_paths"]:
                 found.append("consumer '%s': field '%s': %s does not exist on %s;"
@@ -284,6 +295,21 @@ def with_texts(files, read):
             if "source" in entry else entry for entry in files]
 
 
+def metrics_left_behind(answers, settings, names):
+    """The removal entries of the metrics files that the consumers of names
+    have in a folder other than consumer_metrics_dir: the one the record in
+    their timer file names (answers["metrics_dirs"]), which a deploy that
+    moved the metrics left behind. node_exporter may still read that folder,
+    and a file of a failing consumer there would keep its alert firing."""
+    pattern = unit_re(settings["prefix"])
+    entries = []
+    for timer, folder in sorted(answers.get("metrics_dirs", {}).items()):
+        match = pattern.match(timer)
+        if folder and folder != settings["metrics_dir"] and match and match.group("name") in names:
+            entries += metrics_files([match.group("name")], folder, settings["prefix"], enabled=False)
+    return entries
+
+
 def removal(units, answers, settings, encrypted):
     """What the host has that the consumers no longer want, from the units and
     secrets consumer_preflight found there (answers["found"]).
@@ -308,7 +334,8 @@ def removal(units, answers, settings, encrypted):
         "stop": left["stop"],
         "drain": left["drain"],
         "absent": absent,
-        "files": metrics_files(left["removed"], settings["metrics_dir"], settings["prefix"], enabled=False),
+        "files": (metrics_files(left["removed"], settings["metrics_dir"], settings["prefix"], enabled=False)
+                  + metrics_left_behind(answers, settings, left["removed"])),
         "removed": left["removed"],
         "stale_secrets": [path for path in stale_secrets(secrets, units, (), encrypted) if path not in absent],
         # the specs of consumers that stay but run no host-side program now
@@ -380,7 +407,9 @@ def plan(units, answers, settings, host="this host", sources=None):
         "drains_by_secret": [{"path": path, "services": unit["services"]}
                              for unit in kept for path in unit["secret_paths"]],
         # what the consumers need laid out (wanted_files()) and the host lacks
-        "files_to_lay_out": files_to_lay_out(wanted_files(units, settings, encrypted, queued), answers, sources or {}),
+        "files_to_lay_out": files_to_lay_out(
+            wanted_files(units, settings, encrypted, queued)
+            + metrics_left_behind(answers, settings, [unit["name"] for unit in kept]), answers, sources or {}),
         "removal": removal(units, answers, settings, encrypted),
     }
 

@@ -28,6 +28,12 @@ FEATURES = {
     # Measured: 247, 252 and 257 cannot, root's units included; 262 can. The
     # versions between were not measured, so they count as unable.
     "credentials_private_run": 262,
+    # A unit with credentials and a mount namespace (the role's sandbox) can
+    # run a command before its main one (ExecStartPre=, "+" or not). systemd
+    # 247 makes the credentials' folder only for the main command: every
+    # earlier one fails at step NAMESPACE (226). Measured: 247 cannot, 252
+    # and 257 can; the versions between count as unable.
+    "credentials_before_start": 252,
     # ConcurrencySoftMax= of a slice: a start waits in the job queue while the
     # slice runs that many units. consumer_budget.running_max uses it; below,
     # each unit waits for a slot itself (batchq_slots.py).

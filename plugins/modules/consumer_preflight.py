@@ -201,6 +201,15 @@ stat:
   returned: always
   type: dict
   sample: {/usr/local/lib/batchq: {type: directory, uid: 0, gid: 0, mode: 493}}
+metrics_dirs:
+  description:
+    - For each timer file of RV(units), the folder of the consumer's metrics files that the role's
+      record in it names (C(Metrics=) of its C([X-Batchq]) section), or V(null) when it names none
+      (metrics off, or a file written before the record). A deploy that moves or turns off the metrics
+      removes the files from that folder.
+  returned: always
+  type: dict
+  sample: {batchq-thumbs.timer: /var/lib/prometheus/node-exporter}
 missing_paths:
   description: The paths of O(paths) that do not exist, in their order.
   returned: always
@@ -215,6 +224,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed import timer_settings
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_layout import describe, sha256
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import LANG_C, stale_units, unit_states
 
@@ -241,17 +251,21 @@ def lookup(module, database, names):
     return parse_getent(out, database)
 
 
-def unit_digests(folder, patterns):
-    """{name: SHA-256 of the content} of the regular files in folder matching patterns."""
-    digests = {}
+def unit_files(folder, patterns):
+    """({name: SHA-256 of the content}, {name: metrics folder of the role's
+    record, or None} of the timers) of the regular files in folder matching patterns."""
+    digests, metrics_dirs = {}, {}
     if not patterns or not os.path.isdir(folder):
-        return digests
+        return digests, metrics_dirs
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
         if any(fnmatch.fnmatch(name, p) for p in patterns) and os.path.isfile(path) and not os.path.islink(path):
             with open(path, "rb") as handle:
-                digests[name] = sha256(handle.read())
-    return digests
+                content = handle.read()
+            digests[name] = sha256(content)
+            if name.endswith(".timer"):
+                metrics_dirs[name] = timer_settings(content.decode("utf-8", "replace"))["metrics_dir"]
+    return digests, metrics_dirs
 
 
 def _missing_is_empty(error):
@@ -351,7 +365,7 @@ def main():
     analyze = module.get_bin_path("systemd-analyze", required=bool(module.params["spans"]))
     rejected = [span for span in dict.fromkeys(module.params["spans"])
                 if module.run_command([analyze, "timespan", "--", span], environ_update=LANG_C)[0] != 0]
-    units = unit_digests(module.params["unit_dir"], module.params["unit_patterns"])
+    units, metrics_dirs = unit_files(module.params["unit_dir"], module.params["unit_patterns"])
     module.exit_json(
         changed=False,
         systemctl_version=version,
@@ -367,6 +381,7 @@ def main():
                      for unit, shown in unit_states(module, list(dict.fromkeys(module.params["unit_states"]))).items()},
         stat={path: describe(path) for path in module.params["stat"]},
         found=found,
+        metrics_dirs=metrics_dirs,
     )
 
 

@@ -200,6 +200,25 @@ def test_credentials_on_a_shared_run_are_fine_on_every_systemd():
         assert planned(keeper, suite=suite, credentials_shared=True)["problems"] == []
 
 
+# systemd 247 fails every command before the main one of a sandboxed unit with credentials (226/NAMESPACE)
+@pytest.mark.parametrize("extra, settings, why", [
+    ({"secret_environment": {"API": "x"}}, None, "the check of its environment files"),
+    ({"environment_file": "/etc/hostname"}, None, "the check of its environment files"),
+    ({}, {"budget": {"running_max": 2}}, "the wait for a slot of consumer_budget.running_max"),
+])
+def test_credentials_with_a_command_before_the_batch_are_refused_on_systemd_247(extra, settings, why):
+    keeper = dict(PLAIN, credentials={"token": "s3cret"}, **extra)
+    found = planned(keeper, suite="bullseye", settings=settings, credentials_shared=True)["problems"]
+    assert len(found) == 1 and found[0].startswith(
+        "consumer 'thumbs': field 'credentials': systemd 247 on h1 cannot start a unit with credentials"), found
+    assert why in found[0] and "secret_environment" in found[0]
+    for suite in ("bookworm", "trixie", "forky"):
+        assert planned(keeper, suite=suite, settings=settings, credentials_shared=True)["problems"] == [], suite
+    # either alone is fine on 247
+    assert planned(dict(PLAIN, **extra), suite="bullseye", settings=settings)["problems"] == []
+    assert planned(dict(PLAIN, credentials={"token": "s3cret"}), suite="bullseye", credentials_shared=True)["problems"] == []
+
+
 # The account
 def test_a_fresh_host_gets_the_account_when_a_consumer_runs_as_it():
     assert planned(PLAIN)["account"] == {"ready": False, "make_group": True, "make_user": True}
@@ -421,8 +440,8 @@ def test_the_digest_is_the_one_the_host_reports(tmp_path):
     # the host's side: consumer_preflight hashes the bytes of each unit file
     text = "[Service]\nEnvironment=\"GREETING=h\u00e9llo \u2603\"\n"
     (tmp_path / "batchq-x.service").write_bytes(text.encode("utf-8"))
-    assert consumer_preflight.unit_digests(str(tmp_path), ["batchq-*"]) == {"batchq-x.service": digest(text)}
-    assert units_to_write({"batchq-x.service": text}, consumer_preflight.unit_digests(str(tmp_path), ["batchq-*"])) == {}
+    assert consumer_preflight.unit_files(str(tmp_path), ["batchq-*"])[0] == {"batchq-x.service": digest(text)}
+    assert units_to_write({"batchq-x.service": text}, consumer_preflight.unit_files(str(tmp_path), ["batchq-*"])[0]) == {}
 
 
 # Removal: what the host has that the consumers no longer want
@@ -456,6 +475,35 @@ def test_a_consumer_marked_absent_goes_with_its_units_secrets_hook_state_and_met
     assert {e["state"] for e in removal["files"]} == {"absent"}
     # deleted with its units, not again after them
     assert removal["stale_secrets"] == []
+
+
+# The metrics a deploy moved (consumer_metrics_dir changed) or turned off: gone from the folder the timer's record names
+def test_metrics_left_in_another_folder_go_when_they_move_and_with_their_consumer():
+    old, new = "/srv/old-metrics", "/srv/new-metrics"
+    records = {"batchq-thumbs.timer": old, "batchq-other@.timer": old, "batchq-same.timer": new,
+               "batchq-quiet.timer": None, "someone-else.timer": old}
+    found = dict(THUMBS_ON_HOST["found"])
+    found[UNIT_DIR] = found[UNIT_DIR] + [UNIT_DIR + "/batchq-other@.service", UNIT_DIR + "/batchq-other@.timer"]
+    decided = planned(PLAIN, dict(PLAIN, name="other", state="absent"), dict(PLAIN, name="same"),
+                      dict(PLAIN, name="quiet"), settings={"metrics_dir": new}, found=found, metrics_dirs=records)
+    suffixes = (".prom", ".paused.prom", ".scale.prom", ".d")
+    # thumbs stays: its files in the old folder go as the new ones are laid out
+    assert [e["path"] for e in decided["files_to_lay_out"] if e["path"].startswith(old)] == [
+        old + "/batchq-thumbs" + suffix for suffix in suffixes]
+    assert {e["state"] for e in decided["files_to_lay_out"] if e["path"].startswith(old)} == {"absent"}
+    # other goes: its files in the new folder (it never wrote there) and in the old one
+    assert [e["path"] for e in decided["removal"]["files"]] == [
+        folder + "/batchq-other" + suffix for folder in (new, old) for suffix in suffixes]
+    # same wrote where it writes now, quiet had no metrics: only thumbs's files go from the old folder above;
+    # nothing of another prefix is touched
+    assert not [e for e in decided["files_to_lay_out"] + decided["removal"]["files"] if "someone" in e["path"]]
+
+
+def test_metrics_turned_off_go_from_the_folder_they_were_in():
+    decided = planned(PLAIN, settings={"metrics": False, "metrics_dir": "/srv/new"},
+                      metrics_dirs={"batchq-thumbs.timer": "/srv/old"})
+    gone = [e["path"] for e in decided["files_to_lay_out"] if e["state"] == "absent"]
+    assert "/srv/old/batchq-thumbs.prom" in gone and "/srv/new/batchq-thumbs.prom" in gone
 
 
 @pytest.mark.parametrize("exclusive, removed", [(False, []), (True, ["thumbs"])])

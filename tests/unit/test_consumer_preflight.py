@@ -28,10 +28,20 @@ def test_unit_digests_are_of_matching_regular_files_only(tmp_path):
     (tmp_path / "other.service").write_text("x")
     (tmp_path / "batchq-a.service.d").mkdir()
     (tmp_path / "batchq-link.timer").symlink_to(tmp_path / "other.service")
-    digests = consumer_preflight.unit_digests(str(tmp_path), ["batchq-*", "batchq.continue@.service"])
+    digests, metrics_dirs = consumer_preflight.unit_files(str(tmp_path), ["batchq-*", "batchq.continue@.service"])
     assert digests == {"batchq-a.service": hashlib.sha256(b"[Service]\n").hexdigest(),
                        "batchq.continue@.service": hashlib.sha256(b"[Unit]\n").hexdigest()}
-    assert consumer_preflight.unit_digests(str(tmp_path / "none"), ["*"]) == {}
+    assert metrics_dirs == {}
+    assert consumer_preflight.unit_files(str(tmp_path / "none"), ["*"]) == ({}, {})
+
+
+def test_the_metrics_folder_of_each_timer_comes_from_the_roles_record(tmp_path):
+    (tmp_path / "batchq-a.timer").write_text("[Timer]\nOnBootSec=1s\n\n[X-Batchq]\nInstances=1\nMetrics=/srv/metrics\n")
+    (tmp_path / "batchq-b@.timer").write_text("[Timer]\n\n[X-Batchq]\nInstances=2\nState=present\n")
+    (tmp_path / "batchq-c.timer").write_text("[Timer]\n")
+    (tmp_path / "batchq-a.service").write_text("[Service]\n# Metrics=/nowhere\n")
+    assert consumer_preflight.unit_files(str(tmp_path), ["batchq-*"])[1] == {
+        "batchq-a.timer": "/srv/metrics", "batchq-b@.timer": None, "batchq-c.timer": None}
 
 
 def test_first_line_is_the_line_without_its_newline_or_none(tmp_path):

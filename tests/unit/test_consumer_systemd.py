@@ -43,12 +43,13 @@ def test_an_older_systemd_is_refused_naming_found_and_needed():
 
 
 def test_the_drain_continuation_and_encrypted_credentials_from_250_on():
-    before = dict.fromkeys(("drain_continue", "credentials_encrypted", "credentials_private_run", "slice_concurrency"), False)
+    before = dict.fromkeys(("drain_continue", "credentials_encrypted", "credentials_private_run", "slice_concurrency",
+                            "credentials_before_start"), False)
     since = dict(before, drain_continue=True, credentials_encrypted=True)
     assert systemd_support(recorded("bullseye"))["features"] == before
     assert systemd_support("systemd 249 (249.11-0ubuntu3.12)\n")["features"] == before
     assert systemd_support("systemd 250 (250.3)\n")["features"] == since
-    assert systemd_support(recorded("bookworm"))["features"] == since
+    assert systemd_support(recorded("bookworm"))["features"] == dict(since, credentials_before_start=True)
 
 
 def test_a_slice_queues_starts_beyond_its_running_cap_from_258_on():
