@@ -605,12 +605,19 @@ def _preload(name, modules, backlog):
     return list(dict.fromkeys(modules))
 
 
-def normalize_consumer(raw, defaults, prefix):
-    """One consumer, validated, with everything the unit templates need."""
+def normalize_consumer(raw, defaults, prefix, position=1):
+    """One consumer, validated, with everything the unit templates need;
+    position: its place in consumer_list, from 1, for an error without a name."""
     if not isinstance(raw, dict):
-        raise ConsumerSpecError("consumer_list: every item must be a dict, got %r" % (raw,))
+        raise ConsumerSpecError("consumer_list item %d: every item must be a dict, got %r" % (position, raw))
     name = raw.get("name")
-    if name is None or not NAME_RE.fullmatch(str(name)):
+    if name is None:
+        raise ConsumerSpecError("consumer_list item %d: field 'name': is required" % position)
+    if not isinstance(name, str):
+        # YAML reads 123 as a number, 0123 as another, yes as true: a name is written as a string
+        raise ConsumerSpecError("consumer_list item %d: field 'name': must be a string (quote it), got %r"
+                                % (position, name))
+    if not NAME_RE.fullmatch(name):
         raise ConsumerSpecError(
             "consumer %r: field 'name': must be 1-48 lowercase letters, digits, '-' or '_',"
             " starting with a letter or digit" % (name,))
@@ -737,11 +744,15 @@ def normalize_consumers(consumers, defaults=None, prefix="batchq-"):
         raise ConsumerSpecError("consumer_defaults must be a dict")
     if "name" in defaults:
         raise ConsumerSpecError("consumer_defaults: field 'name' cannot have a default")
+    unknown = sorted(set(defaults) - set(ITEM_DEFAULTS), key=str)
+    if unknown:
+        raise ConsumerSpecError("consumer_defaults: field %r: is not a consumer setting (known: %s)"
+                                % (unknown[0], ", ".join(sorted(ITEM_DEFAULTS))))
     if not PREFIX_RE.fullmatch(str(prefix)):
         raise ConsumerSpecError("consumer_unit_prefix %r must be lowercase letters, digits, '_' or '-' and end in '-'" % (prefix,))
     normalized, seen = [], set()
-    for raw in consumers:
-        consumer = normalize_consumer(raw, defaults, prefix)
+    for position, raw in enumerate(consumers, 1):
+        consumer = normalize_consumer(raw, defaults, prefix, position)
         if consumer["name"] in seen:
             _fail(consumer["name"], "name", "is used by more than one consumer")
         seen.add(consumer["name"])

@@ -329,6 +329,13 @@ def test_duplicate_names_are_refused():
     (["x"], {}, "batchq-", ["must be a dict"]),
     ([GOOD], {"name": "x"}, "batchq-", ["consumer_defaults", "'name'"]),
     ([GOOD], [], "batchq-", ["consumer_defaults must be a dict"]),
+    # a key of consumer_defaults is the defaults' fault, not the first consumer's
+    ([GOOD], {"timout": "5min"}, "batchq-", ["consumer_defaults: field 'timout': is not a consumer setting"]),
+    # an item without a usable name is found by its place in the list
+    ([GOOD, {"command": "/bin/true"}], {}, "batchq-", ["consumer_list item 2: field 'name': is required"]),
+    ([{"name": 123, "command": "/bin/true"}], {}, "batchq-",
+     ["consumer_list item 1: field 'name': must be a string (quote it), got 123"]),
+    ([GOOD, dict(GOOD, name="other"), "x"], {}, "batchq-", ["consumer_list item 3: every item must be a dict"]),
     ([GOOD], {}, "Batch", ["consumer_unit_prefix"]),
 ])
 def test_bad_role_variables(consumers, defaults, prefix, words):
