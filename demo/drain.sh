@@ -34,12 +34,12 @@ while :; do
   sleep 1
 done
 ended=$(date +%s.%N)
-# The good jobs' end and the poison jobs' end apart: the last attempts of a poison job come after its backoff.
+# When the last good job was done, and when the poison jobs were dead: a poison job's last attempt comes after its backoff.
 printf '\n%d jobs done by %s, the last %.1f s after the enqueue; %s, %.1f s after it\n' \
   "$(psql "SELECT count(*) FROM batchq_jobs WHERE state = 'done'")" \
   "$(psql "SELECT count(DISTINCT split_part(done_by, '/', 2) || split_part(done_by, '/', 1)) || ' consumer instances'
            FROM batchq_jobs WHERE state = 'done'")" \
-  "$(psql "SELECT extract(epoch FROM max(done_at)) - $started FROM batchq_jobs WHERE state = 'done'")" \
+  "$(psql "SELECT coalesce(extract(epoch FROM max(done_at)) - $started, 0) FROM batchq_jobs WHERE state = 'done'")" \
   "$(psql "SELECT count(*) || ' poison jobs dead after ' || coalesce(string_agg(DISTINCT attempts::text, ', '), '0')
                   || ' attempts (' || coalesce(string_agg(DISTINCT last_error, '; '), 'none') || ')'
            FROM batchq_jobs WHERE state = 'dead'")" \

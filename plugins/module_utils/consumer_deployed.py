@@ -68,6 +68,16 @@ def timer_settings(text):
     }
 
 
+def read_timer_settings(path):
+    """timer_settings() of the timer file at path, or None when it cannot be
+    read. A byte that is not UTF-8 (a file edited by hand) is replaced."""
+    try:
+        with open(path, "rb") as handle:
+            return timer_settings(handle.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
 def deployed_consumer(name, prefix, settings, loaded_instances):
     """One consumer's units and timer starts, or None when its instances are
     unknown (a paused template written before the record: nothing names them).
@@ -76,17 +86,24 @@ def deployed_consumer(name, prefix, settings, loaded_instances):
     consumer without instances (settings from its plain timer file) or None.
     """
     unit = prefix + name
+    count = settings["instances"]
     if loaded_instances is None:
-        timers = [unit + ".timer"]
+        numbers, scheduled = None, 1
+    elif count:
+        # An instance above the count that systemd still has loaded: woken
+        # before a deploy lowered max. A pause and a wait take it too.
+        numbers = [str(i) for i in range(1, count + 1)] + sorted(
+            (number for number in loaded_instances if number.isdigit() and int(number) > count), key=int)
+        scheduled = count
     else:
-        count = settings["instances"]
-        numbers = [str(i) for i in range(1, count + 1)] if count else sorted(loaded_instances, key=_instance_order)
-        if not numbers:
-            return None
-        timers = ["%s@%s.timer" % (unit, number) for number in numbers]
+        numbers = sorted(loaded_instances, key=_instance_order)
+        scheduled = len(numbers)
+    if numbers == []:
+        return None
+    timers = [unit + ".timer"] if numbers is None else ["%s@%s.timer" % (unit, number) for number in numbers]
     # Instances as a range: a resume and a run start those up to min; the
     # others wake with a backlog. A pause and a wait take all.
-    scheduled = timers[:settings.get("min_instances") or len(timers)]
+    scheduled = timers[:settings.get("min_instances") or scheduled]
     return {
         "name": name,
         "state": settings["state"],

@@ -134,12 +134,15 @@ def problems(units, answers, systemd, pythons, settings, host):
                     % (unit["name"], field, host, systemd["version"]))
         before_start = [why for why, present in (
             ("the check of its environment files (secret_environment, environment_file)", unit["environment_check"]),
-            ("the wait for a slot of consumer_budget.running_max", slot_wait)) if present]
+            ("the wait for a slot of consumer_budget.running_max", slot_wait),
+            ("its own ExecStartPre= or ExecCondition= (service_options)",
+             any(key in ("ExecStartPre", "ExecCondition") for key, _value in unit["service_options"]))) if present]
         if unit["credentials"]["credentials"] and before_start and not systemd["features"]["credentials_before_start"]:
             found.append(
                 "consumer '%s': field 'credentials': systemd %s on %s cannot start a unit with credentials that runs"
-                " a command before its batch, and this one would run %s. Give these values as secret_environment"
-                " instead, or deploy on systemd 252 or later;"
+                " a command before its batch (systemd 247 fails it; 252 is the first release known to work), and"
+                " this one would run %s. Give its credentials as secret_environment instead, or deploy on systemd"
+                " 252 or later;"
                 % (unit["name"], systemd["version"], host, " and ".join(before_start)))
         for need in unit["required_paths"]:
             if need["path"] in answers["missing_paths"]:
@@ -305,7 +308,9 @@ def metrics_left_behind(answers, settings, names):
     entries = []
     for timer, folder in sorted(answers.get("metrics_dirs", {}).items()):
         match = pattern.match(timer)
-        if folder and folder != settings["metrics_dir"] and match and match.group("name") in names:
+        # a folder the role could not have written (a record edited by hand) is left alone
+        if (folder and folder != settings["metrics_dir"] and metrics_dir_problem(folder) is None
+                and match and match.group("name") in names):
             entries += metrics_files([match.group("name")], folder, settings["prefix"], enabled=False)
     return entries
 

@@ -136,8 +136,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed import (
     deployed_consumer,
     running,
+    read_timer_settings,
     select,
-    timer_settings,
 )
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import UNIT_DIR, unit_re
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_unit_states import parse_show
@@ -164,8 +164,9 @@ def find(module, systemctl, prefix):
             loaded.setdefault(match.group("name"), []).append(match.group("instance"))
     found = []
     for name, (entry, template) in files.items():
-        with open(os.path.join(UNIT_DIR, entry), encoding="utf-8") as handle:
-            settings = timer_settings(handle.read())
+        settings = read_timer_settings(os.path.join(UNIT_DIR, entry))
+        if settings is None:
+            continue  # gone since the listing
         consumer = deployed_consumer(name, prefix, settings, loaded.get(name, []) if template else None)
         if consumer:
             found.append(consumer)

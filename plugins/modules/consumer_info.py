@@ -274,7 +274,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed import timer_settings
+from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed import read_timer_settings
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_names import SLICE_UNIT, UNIT_DIR
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_protocol import BATCH_END, BATCH_FIELDS, RUN_START
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_runs import (
@@ -456,12 +456,8 @@ def instance_counts(found, prefix):
     fixed number. A template written before the record is left out."""
     counts = {}
     for name in sorted({key.split("@")[0] for key in found if "@" in key or "template" in found[key]}):
-        try:
-            with open("%s/%s%s@.timer" % (UNIT_DIR, prefix, name), encoding="utf-8") as handle:
-                settings = timer_settings(handle.read())
-        except OSError:
-            continue
-        most = settings["instances"]
+        settings = read_timer_settings("%s/%s%s@.timer" % (UNIT_DIR, prefix, name))
+        most = settings and settings["instances"]
         if most:
             counts[name] = (min(settings["min_instances"] or most, most), most)
     return counts

@@ -61,6 +61,11 @@ options:
     type: list
     elements: str
     default: []
+  metrics_dir:
+    description:
+      - The folder of the metrics files now (the role's C(consumer_metrics_dir)). A folder of
+        RV(metrics_dirs) that is the same folder by another path (a link, a bind mount) is given as this one.
+    type: path
   unit_states:
     description:
       - Units whose C(UnitFileState) and C(ActiveState) RV(unit_states) gives, such as the consumers'
@@ -206,7 +211,7 @@ metrics_dirs:
     - For each timer file of RV(units), the folder of the consumer's metrics files that the role's
       record in it names (C(Metrics=) of its C([X-Batchq]) section), or V(null) when it names none
       (metrics off, or a file written before the record). A deploy that moves or turns off the metrics
-      removes the files from that folder.
+      removes the files from that folder. One that is O(metrics_dir) by another path is given as O(metrics_dir).
   returned: always
   type: dict
   sample: {batchq-thumbs.timer: /var/lib/prometheus/node-exporter}
@@ -266,6 +271,15 @@ def unit_files(folder, patterns):
             if name.endswith(".timer"):
                 metrics_dirs[name] = timer_settings(content.decode("utf-8", "replace"))["metrics_dir"]
     return digests, metrics_dirs
+
+
+def as_metrics_dir(folder, metrics_dir):
+    """folder, or metrics_dir when both name one folder: the plan compares the
+    paths, and must not take the folder of the metrics now for another."""
+    try:
+        return metrics_dir if folder and metrics_dir and os.path.samefile(folder, metrics_dir) else folder
+    except OSError:  # either is missing: not one folder
+        return folder
 
 
 def _missing_is_empty(error):
@@ -343,6 +357,7 @@ def main():
             "first_lines": {"type": "list", "elements": "path", "default": []},
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
             "unit_patterns": {"type": "list", "elements": "str", "default": []},
+            "metrics_dir": {"type": "path"},
             "unit_states": {"type": "list", "elements": "str", "default": []},
             "stat": {"type": "list", "elements": "path", "default": []},
             "find": {"type": "list", "elements": "dict", "default": [], "options": {
@@ -381,7 +396,7 @@ def main():
                      for unit, shown in unit_states(module, list(dict.fromkeys(module.params["unit_states"]))).items()},
         stat={path: describe(path) for path in module.params["stat"]},
         found=found,
-        metrics_dirs=metrics_dirs,
+        metrics_dirs={timer: as_metrics_dir(folder, module.params["metrics_dir"]) for timer, folder in metrics_dirs.items()},
     )
 
 

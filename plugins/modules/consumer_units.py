@@ -173,12 +173,21 @@ reloaded:
   sample: []
 in_flight:
   description:
-    - Services of the timers in O(stop) that were running a batch when their timer stopped. Each batch
-      is left to end; a drain among them ends after its batch in flight (RV(ending)).
+    - Services of the timers in O(stop) that run a batch, whether this call or an earlier one stopped
+      the timer. Each batch is left to end. A drain among them that this call paused ends after its
+      batch in flight (RV(ending)).
   returned: always
   type: list
   elements: str
   sample: [batchq-thumbs.service]
+waiting:
+  description:
+    - Services of the timers in O(stop) whose start still waits before its batch (C(SubState) C(start-pre)),
+      for a slot of the host's budget. Its batch runs once it gets one, and a drain then runs to its end.
+  returned: always
+  type: list
+  elements: str
+  sample: []
 ending:
   description:
     - Services whose running drain was asked to end after its batch in flight.
@@ -279,20 +288,19 @@ def install(module, units, unit_dir, unchanged=()):
 
 def finish_drains(module, patterns):
     """Ask the running drains among the services matching patterns to end after
-    their batch in flight; returns (the services asked, every service that
-    matched and was running a batch).
+    their batch in flight; returns the services asked.
 
     Only a main process that is batchq-drain is signalled: SIGUSR1 would kill
     any other consumer.
     """
     if not patterns or module.check_mode:
-        return [], []
+        return []
     systemctl = module.get_bin_path("systemctl", required=True)
     rc, out, err = module.run_command([systemctl, "list-units", "--plain", "--no-legend", "--state=activating",
                                        "--"] + patterns, environ_update=LANG_C, check_rc=True)
     batches = [line.split()[0] for line in out.splitlines() if line.strip()]
     if not batches:
-        return [], []
+        return []
     rc, out, err = module.run_command([systemctl, "show", "--property=Id,MainPID", "--"] + batches,
                                       environ_update=LANG_C, check_rc=True)
     asked = []
@@ -304,7 +312,24 @@ def finish_drains(module, patterns):
                 asked.append(unit)
             except ProcessLookupError:
                 pass  # the run ended meanwhile
-    return asked, batches
+    return asked
+
+
+def starts_now(module, services):
+    """(the services that run a batch, those whose start still waits) among
+    services. A oneshot's ExecStart= runs in SubState "start"; in "start-pre"
+    no batch began yet: the start waits for a slot of the host's budget (or
+    runs the environment check), and its batch comes once it gets one."""
+    if not services:
+        return [], []
+    rc, out, err = module.run_command([module.get_bin_path("systemctl", required=True), "show",
+                                       "--property=Id,ActiveState,SubState", "--"] + services,
+                                      environ_update=LANG_C, check_rc=True)
+    shown = parse_show(out)
+    states = [(service, shown.get(service, {})) for service in services]
+    return ([service for service, state in states if state.get("ActiveState") == "activating"
+             and state.get("SubState") != "start-pre"],
+            [service for service, state in states if state.get("SubState") == "start-pre"])
 
 
 def drain_ready(pid, patience=5.0):
@@ -460,13 +485,14 @@ def main():
     rewritten = [name.replace("@.service", "@*.service") for name in written + reloaded if name.endswith(".service")]
     started, stopped, paused_services = switch_timers(module, module.params["start"], module.params["stop"],
                                                       module.params["disable"])
-    ending, running = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
-    in_flight = sorted(set(running) & set(paused_services))
+    # what the timers stopped leave to end, whether this call or an earlier one stopped them
+    in_flight, waiting = starts_now(module, [timer[:-len(".timer")] + ".service" for timer in module.params["stop"]])
+    ending = finish_drains(module, sorted(set(rewritten + paused_services + module.params["finish"])))
     wait_until_idle(module, module.params["finish"], module.params["wait"])
     ran, busy = run_idle(module, module.params["run"])
     module.exit_json(changed=bool(written or reloaded or started or stopped or ending or ran), written=written,
-                     reloaded=reloaded, started=started, stopped=stopped, in_flight=in_flight, ending=ending, ran=ran,
-                     busy=busy, diff=diffs)
+                     reloaded=reloaded, started=started, stopped=stopped, in_flight=in_flight, waiting=waiting,
+                     ending=ending, ran=ran, busy=busy, diff=diffs)
 
 
 if __name__ == "__main__":

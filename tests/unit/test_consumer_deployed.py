@@ -7,6 +7,7 @@ import jinja2
 
 from ansible_collections.batchq.consumers.plugins.module_utils.consumer_deployed import (
     deployed_consumer,
+    read_timer_settings,
     running,
     select,
     timer_settings,
@@ -65,10 +66,19 @@ def test_a_range_of_instances_resumes_and_runs_up_to_min_and_pauses_and_waits_fo
     assert consumer["services"] == ["batchq-thumbs@%d.service" % n for n in (1, 2, 3, 4)]
     assert [start["timer"] for start in consumer["starts"]] == ["batchq-thumbs@1.timer", "batchq-thumbs@2.timer"]
     assert consumer["scheduled_services"] == ["batchq-thumbs@1.service", "batchq-thumbs@2.service"]
+    # one woken above a max a deploy lowered since: a pause and a wait take it, a resume and a run never
+    lowered = deployed_consumer("thumbs", "batchq-", dict(settings, instances=3), ["1", "3", "4", "10"])
+    assert lowered["timers"] == ["batchq-thumbs@%d.timer" % n for n in (1, 2, 3, 4, 10)]
+    assert lowered["scheduled_services"] == ["batchq-thumbs@1.service", "batchq-thumbs@2.service"]
     # a fixed count schedules all its instances
     fixed = deployed_consumer("thumbs", "batchq-", timer_settings(rendered(
         {"name": "thumbs", "command": "/bin/true", "instances": 3})), [])
     assert fixed["scheduled_services"] == fixed["services"] and len(fixed["starts"]) == 3
+    # and never one above it that is still loaded
+    above = deployed_consumer("thumbs", "batchq-", timer_settings(rendered(
+        {"name": "thumbs", "command": "/bin/true", "instances": 3})), ["4"])
+    assert above["services"][-1] == "batchq-thumbs@4.service" and len(above["starts"]) == 3
+    assert above["scheduled_services"] == fixed["services"]
 
 
 def test_a_plain_consumer_has_one_timer():
@@ -87,3 +97,10 @@ def test_a_batch_runs_while_activating_or_deactivating():
     show = {"a.service": {"ActiveState": "activating"}, "b.service": {"ActiveState": "deactivating"},
             "c.service": {"ActiveState": "inactive"}, "d.service": {"ActiveState": "failed"}}
     assert running(show, ["a.service", "b.service", "c.service", "d.service"]) == ["a.service", "b.service"]
+
+
+def test_a_timer_file_edited_by_hand_is_read_and_a_missing_one_is_none(tmp_path):
+    edited = tmp_path / "batchq-x@.timer"
+    edited.write_bytes(b"[Timer]\n# caf\xe9\n\n[X-Batchq]\nInstances=2\n")
+    assert read_timer_settings(str(edited))["instances"] == 2
+    assert read_timer_settings(str(tmp_path / "gone.timer")) is None

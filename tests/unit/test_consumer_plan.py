@@ -205,6 +205,7 @@ def test_credentials_on_a_shared_run_are_fine_on_every_systemd():
     ({"secret_environment": {"API": "x"}}, None, "the check of its environment files"),
     ({"environment_file": "/etc/hostname"}, None, "the check of its environment files"),
     ({}, {"budget": {"running_max": 2}}, "the wait for a slot of consumer_budget.running_max"),
+    ({"service_options": {"ExecStartPre": "/bin/true"}}, None, "its own ExecStartPre= or ExecCondition="),
 ])
 def test_credentials_with_a_command_before_the_batch_are_refused_on_systemd_247(extra, settings, why):
     keeper = dict(PLAIN, credentials={"token": "s3cret"}, **extra)
@@ -494,9 +495,21 @@ def test_metrics_left_in_another_folder_go_when_they_move_and_with_their_consume
     # other goes: its files in the new folder (it never wrote there) and in the old one
     assert [e["path"] for e in decided["removal"]["files"]] == [
         folder + "/batchq-other" + suffix for folder in (new, old) for suffix in suffixes]
-    # same wrote where it writes now, quiet had no metrics: only thumbs's files go from the old folder above;
-    # nothing of another prefix is touched
-    assert not [e for e in decided["files_to_lay_out"] + decided["removal"]["files"] if "someone" in e["path"]]
+    # every file that goes: thumbs's and other's in the old folder, other's in the new one, and the scale
+    # files no consumer here has now (their instances are no range); same and quiet lose nothing else
+    gone = sorted(e["path"] for e in decided["files_to_lay_out"] + decided["removal"]["files"] if e.get("state") == "absent")
+    assert gone == sorted([old + "/batchq-thumbs" + suffix for suffix in suffixes]
+                          + [folder + "/batchq-other" + suffix for folder in (new, old) for suffix in suffixes]
+                          + [new + "/batchq-%s.scale.prom" % name for name in ("thumbs", "same", "quiet")])
+
+
+def test_a_recorded_metrics_folder_the_role_could_not_have_written_is_left_alone():
+    for folder in ("relative", "/", "/srv/../etc"):
+        decided = planned(PLAIN, dict(PLAIN, name="other", state="absent"), settings={"metrics_dir": "/srv/new"},
+                          metrics_dirs={"batchq-thumbs.timer": folder, "batchq-other.timer": folder},
+                          found={UNIT_DIR: [UNIT_DIR + "/batchq-other.timer"]})
+        assert not [e for e in decided["files_to_lay_out"] + decided["removal"]["files"]
+                    if e.get("state") == "absent" and not e["path"].startswith("/srv/new/")], folder
 
 
 def test_metrics_turned_off_go_from_the_folder_they_were_in():

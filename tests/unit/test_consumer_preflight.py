@@ -22,7 +22,7 @@ def test_getent_lines_give_each_found_account_its_fields():
     assert consumer_preflight.parse_getent("", "passwd") == {}
 
 
-def test_unit_digests_are_of_matching_regular_files_only(tmp_path):
+def test_unit_files_are_the_matching_regular_files_only(tmp_path):
     (tmp_path / "batchq-a.service").write_text("[Service]\n")
     (tmp_path / "batchq.continue@.service").write_text("[Unit]\n")
     (tmp_path / "other.service").write_text("x")
@@ -114,3 +114,15 @@ def test_find_fails_on_a_folder_it_cannot_list_rather_than_find_it_empty(tmp_pat
     not_a_folder.write_text("")
     with pytest.raises(NotADirectoryError):
         consumer_preflight.find(str(not_a_folder), ["*"], 1)
+
+
+def test_a_recorded_metrics_folder_that_is_the_one_now_by_a_link_is_given_as_that_one(tmp_path):
+    (tmp_path / "now").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "now")
+    now = str(tmp_path / "now")
+    assert consumer_preflight.as_metrics_dir(str(tmp_path / "link"), now) == now
+    assert consumer_preflight.as_metrics_dir(str(tmp_path / "other"), now) == str(tmp_path / "other")
+    assert consumer_preflight.as_metrics_dir(str(tmp_path / "gone"), now) == str(tmp_path / "gone")
+    assert consumer_preflight.as_metrics_dir(None, now) is None
+    assert consumer_preflight.as_metrics_dir(str(tmp_path / "other"), None) == str(tmp_path / "other")

