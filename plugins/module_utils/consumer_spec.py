@@ -515,6 +515,11 @@ def credential_files(consumers, defaults=None, encrypted=False):
     return files
 
 
+# The settings that choose a unit's account: the consumer's user and group
+# keys set them, where the role checks them.
+ACCOUNT_OPTIONS = ("User", "Group", "DynamicUser")
+
+
 def _raw_options(name, field, options):
     if not isinstance(options, dict):
         _fail(name, field, "must be a dict of systemd Setting: value")
@@ -525,6 +530,9 @@ def _raw_options(name, field, options):
         if field == "service_options" and key == "Slice":
             # the host's budget holds every consumer (consumer_budget): a unit of another slice would escape it
             _fail(name, field, "Slice is the role's: every consumer runs in batchq.slice, capped by consumer_budget")
+        if field == "service_options" and key in ACCOUNT_OPTIONS:
+            # the account is checked (root needs allow_root) only as the consumer's own keys
+            _fail(name, field, "%s is the role's: set the consumer's user and group keys instead" % key)
         values = options[key] if isinstance(options[key], list) else [options[key]]
         for value in values:
             if isinstance(value, bool):

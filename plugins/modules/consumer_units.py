@@ -317,19 +317,22 @@ def finish_drains(module, patterns):
 
 def starts_now(module, services):
     """(the services that run a batch, those whose start still waits) among
-    services. A oneshot's ExecStart= runs in SubState "start"; in "start-pre"
-    no batch began yet: the start waits for a slot of the host's budget (or
-    runs the environment check), and its batch comes once it gets one."""
+    services. A oneshot's ExecStart= runs in SubState "start". No batch began
+    yet in "start-pre" (before systemd 258 a start waits there for a slot of
+    the host's budget, or runs the environment check), nor while a start job
+    waits in systemd's queue (from 258 on, for a slot). Each batch comes once
+    its start gets a slot."""
     if not services:
         return [], []
     rc, out, err = module.run_command([module.get_bin_path("systemctl", required=True), "show",
-                                       "--property=Id,ActiveState,SubState", "--"] + services,
+                                       "--property=Id,ActiveState,SubState,Job", "--"] + services,
                                       environ_update=LANG_C, check_rc=True)
     shown = parse_show(out)
     states = [(service, shown.get(service, {})) for service in services]
     return ([service for service, state in states if state.get("ActiveState") == "activating"
              and state.get("SubState") != "start-pre"],
-            [service for service, state in states if state.get("SubState") == "start-pre"])
+            [service for service, state in states if state.get("SubState") == "start-pre"
+             or (state.get("ActiveState") in ("inactive", "failed") and state.get("Job"))])
 
 
 def drain_ready(pid, patience=5.0):

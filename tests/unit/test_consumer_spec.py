@@ -557,3 +557,11 @@ def test_an_empty_exec_setting_that_would_drop_the_roles_commands_is_refused(set
                                                 " commands" % setting):
         one(service_options={setting: ""})
     assert one(service_options={setting: "/bin/true"})["service_options"] == [(setting, "/bin/true")]
+
+
+@pytest.mark.parametrize("key", ["User", "Group", "DynamicUser"])
+def test_an_account_of_service_options_is_refused_the_user_and_group_keys_are_checked(key):
+    # User=root here would run the batch as root with hardening on and no allow_root
+    with pytest.raises(ConsumerSpecError, match="field 'service_options': %s is the role's: set the consumer's user"
+                                                " and group keys instead" % key):
+        one(service_options={key: "root"})

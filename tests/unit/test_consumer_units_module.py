@@ -1,7 +1,8 @@
 """consumer_units' reading of which stopped consumers still run a batch, from
 `systemctl show` output. The SubStates of batchq-slow1 (its batch runs) and
 batchq-slow2 (it waits for a slot) are those systemd 247 gave on Debian 11
-under a consumer_budget with running_max 1; the other two units are made up."""
+under a consumer_budget with running_max 1; the others are made up, batchq-queued
+as systemd 258 and later keep a start that waits for a slot (a queued start job)."""
 
 from ansible_collections.batchq.consumers.plugins.modules import consumer_units
 
@@ -20,6 +21,11 @@ SubState=dead
 Id=batchq-ending.service
 ActiveState=deactivating
 SubState=stop-post
+
+Id=batchq-queued.service
+ActiveState=inactive
+SubState=dead
+Job=1234
 """
 
 
@@ -37,10 +43,12 @@ class Host:
 
 
 def test_a_start_that_waits_before_its_batch_is_told_from_a_batch_that_runs():
-    services = ["batchq-slow1.service", "batchq-slow2.service", "batchq-idle.service", "batchq-ending.service"]
+    services = ["batchq-slow1.service", "batchq-slow2.service", "batchq-idle.service", "batchq-ending.service",
+                "batchq-queued.service"]
     host = Host(SHOWN)
-    assert consumer_units.starts_now(host, services) == (["batchq-slow1.service"], ["batchq-slow2.service"])
-    assert host.asked[0][1:4] == ["show", "--property=Id,ActiveState,SubState", "--"]
+    assert consumer_units.starts_now(host, services) == (["batchq-slow1.service"],
+                                                         ["batchq-slow2.service", "batchq-queued.service"])
+    assert host.asked[0][1:4] == ["show", "--property=Id,ActiveState,SubState,Job", "--"]
 
 
 def test_no_service_asks_nothing():
