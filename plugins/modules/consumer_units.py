@@ -182,8 +182,9 @@ in_flight:
   sample: [batchq-thumbs.service]
 waiting:
   description:
-    - Services of the timers in O(stop) whose start still waits before its batch (C(SubState) C(start-pre)),
-      for a slot of the host's budget. Its batch runs once it gets one, and a drain then runs to its end.
+    - Services of the timers in O(stop) whose start still waits before its batch, for a slot of the
+      host's budget. Before systemd 258 such a unit is in C(SubState) C(start-pre); from 258 on, its start
+      job waits in systemd's queue. Its batch runs once it gets a slot, and a drain then runs to its end.
   returned: always
   type: list
   elements: str
